@@ -1,0 +1,44 @@
+# Two commands on a fresh machine (Python 3.11):
+#   make demo   set up, build the default model, index the example corpus, search it
+#   make test   set up and run the whole test suite (slow tests included)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_INDEX ?= .demo-index
+# torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs)
+TORCH ?= torch==2.13.0
+
+.PHONY: setup models demo test test-fast bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+models: setup
+	$(BIN)/vecplug models build me5-small
+
+demo: models
+	rm -rf $(DEMO_INDEX)
+	$(BIN)/vecplug index examples/corpus --index $(DEMO_INDEX)
+	$(BIN)/vecplug info --index $(DEMO_INDEX)
+	@echo; echo "== cross-lingual search (xy): each answer exists only in another language =="
+	@while IFS= read -r q; do echo; $(BIN)/vecplug search "$$q" --index $(DEMO_INDEX) -k 3; done < examples/demo_queries.txt
+	@echo; echo "== same-language search (mono) =="
+	$(BIN)/vecplug search "Wie viele buddhistische Tempel gibt es in Kyoto?" --mode mono --index $(DEMO_INDEX) -k 3
+
+test: setup
+	$(BIN)/python -m pytest -v
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: models
+	bash benchmarks/run_all.sh
+
+clean:
+	rm -rf $(VENV) $(DEMO_INDEX) .vecplug build *.egg-info

@@ -1,0 +1,1 @@
+"""vecplug.adapters: vector stores, retrieval modes, rerankers and integrations."""

@@ -1,0 +1,120 @@
+"""The contract every vector store implements.
+
+A store holds, per document, a unit vector and a record (text, source, language, payload),
+and a JSON manifest describing how the index was built. Writes are staged and become
+visible to a freshly opened store only at :meth:`VectorStore.commit`: an index opens as
+exactly some committed state.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from vecplug.types import Document
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a store keeps beside a vector."""
+
+    id: str
+    text: str
+    source: str
+    position: int
+    lang: str | None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_document(cls, doc: Document) -> "Record":
+        return cls(doc.id, doc.text, doc.source, doc.position, doc.lang, dict(doc.payload))
+
+
+@dataclass(frozen=True)
+class StoreHit:
+    record: Record
+    score: float
+
+
+class VectorStore(ABC):
+    """A place to put vectors with records, and to search them by cosine similarity.
+
+    Vectors given to :meth:`upsert` and :meth:`search` are L2-normalised float32, so
+    inner product and cosine agree. ``location`` is a folder for embedded stores
+    or a URL for servers; ``options`` are the store's own settings (from config).
+    """
+
+    #: registry name, e.g. ``"hnswlib"``
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def exists(cls, location: str, options: dict[str, Any]) -> bool:
+        """Whether a committed index exists at ``location``."""
+
+    @classmethod
+    @abstractmethod
+    def create(cls, location: str, dim: int, manifest: dict[str, Any],
+               options: dict[str, Any]) -> "VectorStore":
+        """Create a new, empty index (committed at once with ``manifest``) and open it for writing."""
+
+    @classmethod
+    @abstractmethod
+    def open(cls, location: str, options: dict[str, Any], writable: bool = False) -> "VectorStore":
+        """Open an existing index; raise :class:`~vecplug.errors.IndexNotFoundError` if absent."""
+
+    @property
+    @abstractmethod
+    def manifest(self) -> dict[str, Any]:
+        """The manifest of the last commit (a copy)."""
+
+    @property
+    @abstractmethod
+    def dim(self) -> int:
+        """Vector dimension."""
+
+    @abstractmethod
+    def upsert(self, records: Sequence[Record], vectors: np.ndarray) -> None:
+        """Add or replace records (by id) with their vectors."""
+
+    @abstractmethod
+    def delete(self, ids: Sequence[str]) -> None:
+        """Remove records by id; unknown ids are ignored."""
+
+    @abstractmethod
+    def search(self, vector: np.ndarray, k: int,
+               langs: Sequence[str] | None = None) -> list[StoreHit]:
+        """The ``k`` nearest records to ``vector``, best first; only ``langs`` if given."""
+
+    @abstractmethod
+    def get(self, ids: Sequence[str]) -> list[Record]:
+        """Records for the ids that exist, in the order asked."""
+
+    @abstractmethod
+    def ids(self) -> Iterator[str]:
+        """Every id in the index."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """Number of records."""
+
+    @abstractmethod
+    def languages(self) -> dict[str, int]:
+        """Number of records per language (``"und"`` for unknown)."""
+
+    @abstractmethod
+    def commit(self, manifest: dict[str, Any] | None = None) -> None:
+        """Make every staged change durable and visible at once, with an updated manifest."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release files and connections; staged changes not committed are dropped."""
+
+    def __enter__(self) -> "VectorStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

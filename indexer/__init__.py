@@ -1,0 +1,1 @@
+"""vecplug.indexer: reading corpora, language identification, encoders and models, the indexing pipeline."""

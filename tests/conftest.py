@@ -1,0 +1,137 @@
+"""Shared fixtures. Every test sees a fresh machine: caches point at temporary folders."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+XQUAD = SHARED / "data" / "xquad-r"
+EXAMPLES = REPO / "examples" / "corpus"
+
+
+@pytest.fixture(autouse=True)
+def fresh_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No state from earlier runs: private VECPLUG_HOME and Hugging Face caches, offline,
+    no VECPLUG_* settings from the environment, and a private working directory."""
+    for key in list(os.environ):
+        if key.startswith("VECPLUG_"):
+            monkeypatch.delenv(key)
+    home = tmp_path / "vecplug-home"
+    monkeypatch.setenv("VECPLUG_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return home
+
+
+# -- a tiny real transformer, built once per session ------------------------------
+
+TINY_TEXT = [
+    "the quick brown fox jumps over the lazy dog", "water boils at one hundred degrees",
+    "der schnelle braune fuchs springt über den faulen hund", "wasser kocht bei hundert grad",
+    "el rápido zorro marrón salta sobre el perro perezoso", "el agua hierve a cien grados",
+    "быстрая коричневая лиса прыгает через ленивую собаку", "вода кипит при ста градусах",
+    "敏捷的棕色狐狸跳过了懒狗", "水在一百度沸腾", "query: passage: title text description",
+]
+
+
+def build_tiny_model(folder: Path, seed: int = 0, hidden: int = 32) -> Path:
+    """A 2-layer BERT with a WordPiece vocabulary trained on a few multilingual lines."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(TINY_TEXT * 3, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")),
+                                                 ("[SEP]", tok.token_to_id("[SEP]"))])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]", "model_max_length": 128}))
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=hidden, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=128)
+    BertModel(config, add_pooling_layer=False).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-bert")
+
+
+@pytest.fixture(scope="session")
+def other_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Same shape as ``tiny_model``, other weights: a mismatched encoder."""
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-bert-other", seed=1)
+
+
+# -- a deterministic fake encoder for pipeline and store tests -----------------------
+
+class FakeEncoder:
+    """Hashes words into a vector: same text, same vector; shared words, nearby vectors."""
+
+    def __init__(self, dim: int = 16) -> None:
+        self.dim = dim
+        self.calls = 0
+
+    def _embed(self, text: str) -> np.ndarray:
+        v = np.zeros(self.dim, dtype=np.float32)
+        for word in text.lower().split():
+            h = hashlib.sha256(word.encode()).digest()
+            v += np.frombuffer(h[: self.dim * 1], dtype=np.uint8)[: self.dim].astype(np.float32) - 127.5
+        n = np.linalg.norm(v)
+        return v / n if n else v
+
+    def encode_documents(self, texts: list[str], progress: bool | None = None) -> np.ndarray:
+        self.calls += 1
+        return np.stack([self._embed(t) for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
+
+    encode_queries = encode_documents
+
+    def describe(self) -> dict[str, Any]:
+        return {"document_encoder": "fake", "document_encoder_checksum": "0", "dim": self.dim}
+
+
+@pytest.fixture
+def fake_encoder() -> FakeEncoder:
+    return FakeEncoder()
+
+
+def unit_vectors(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=(n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+# -- the real default model, built from scratch once per session -----------------------
+
+@pytest.fixture(scope="session")
+def me5_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A VECPLUG_HOME in which me5-small was built from scratch during this session."""
+    return tmp_path_factory.mktemp("me5-home")
+
+
+@pytest.fixture
+def built_me5(me5_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VECPLUG_HOME", str(me5_home))
+    from vecplug.indexer.models import build_builtin
+
+    return build_builtin("me5-small")

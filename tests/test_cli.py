@@ -1,0 +1,133 @@
+"""The command line end to end with a tiny real transformer (the real model: test_e2e.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vecplug.cli import cli
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "en.txt").write_text("the quick brown fox jumps over the lazy dog")
+    (root / "de.md").write_text("# Fuchs\n\nder schnelle braune fuchs springt über den faulen hund")
+    (root / "records.jsonl").write_text(
+        json.dumps({"id": "r1", "title": "agua", "text": "el agua hierve a cien grados", "lang": "es"}) + "\n"
+        + "{not json}\n"
+        + json.dumps({"id": "r2", "text": "вода кипит при ста градусах", "url": "http://x"}) + "\n")
+    (root / "broken.txt").write_bytes(b"caf\xe9 not utf8 \x81")
+    return root
+
+
+def run(*args: str, ok: bool = True) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    if ok:
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code != 0, result.output
+    return result.output
+
+
+def test_index_search_info(corpus: Path, tiny_model: Path) -> None:
+    out = run("index", str(corpus), "--model", str(tiny_model), "-q")
+    assert "indexed 4 documents from 4 files" in out
+    assert "skipped broken.txt:1: not valid UTF-8" in out and "records.jsonl:2: malformed JSON" in out
+    assert (Path(".vecplug") / "manifest.json").is_file()
+
+    # the embedded text of a record is its fields appended: title, then text
+    hits = json.loads(run("search", "agua\nel agua hierve a cien grados", "--json", "-k", "2"))
+    assert hits["mode"] == "xy" and len(hits["hits"]) == 2
+    top = hits["hits"][0]
+    assert top["id"] == "records.jsonl#r1" and top["lang"] == "es" and top["rank"] == 1
+    assert top["score"] == pytest.approx(1.0, abs=1e-4)  # same text, no prefixes: same vector
+    assert top["payload"] == {"id": "r1", "title": "agua"}
+
+    mono = json.loads(run("search", "the quick brown fox", "--mode", "mono", "--lang", "de", "--json"))
+    assert mono["lang"] == "de" and {h["lang"] for h in mono["hits"]} == {"de"}
+
+    human = run("search", "the quick brown fox jumps over the lazy dog", "-k", "1")
+    assert "1. 1.000 [en] en.txt" in human
+
+    info = run("info")
+    assert "documents:  4" in info and str(tiny_model) in info
+    manifest = json.loads(run("info", "--json"))["manifest"]
+    for key in ("document_encoder", "document_encoder_checksum", "query_encoder", "dim", "normalize",
+                "query_prefix", "document_prefix", "query_max_length", "document_max_length",
+                "store", "vecplug_version"):
+        assert key in manifest
+    assert manifest["store"]["name"] == "hnswlib"
+
+
+def test_rerun_changes_nothing_and_edits_are_picked_up(corpus: Path, tiny_model: Path) -> None:
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    out = run("index", str(corpus), "-q")  # the index's own model is reused
+    assert "indexed 0 documents" in out and "4 unchanged" in out and "index holds 4" in out
+    (corpus / "en.txt").write_text("a completely new text about water")
+    out = run("index", str(corpus), "-q")
+    assert "indexed 1 documents" in out and "index holds 4" in out
+    hit = json.loads(run("search", "a completely new text about water", "--json", "-k", "1"))["hits"][0]
+    assert hit["id"] == "en.txt#0" and hit["score"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_mismatched_model_is_refused(corpus: Path, tiny_model: Path, other_tiny_model: Path) -> None:
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    out = run("search", "fox", "--model", str(other_tiny_model), ok=False)
+    assert "document encoder mismatch" in out
+    assert str(tiny_model) in out and str(other_tiny_model) in out
+    out = run("index", str(corpus), "--model", str(other_tiny_model), ok=False)
+    assert "mismatch" in out
+
+
+def test_config_file_and_env(corpus: Path, tiny_model: Path, tmp_path: Path,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "vecplug.yaml"
+    cfg.write_text(f"index: {{path: {tmp_path / 'myindex'}}}\nmodel: {{document: {tiny_model}}}\nsearch: {{k: 1}}\n")
+    run("index", str(corpus), "--config", str(cfg), "-q")
+    assert (tmp_path / "myindex" / "manifest.json").is_file()
+    monkeypatch.setenv("VECPLUG_CONFIG", str(cfg))
+    assert len(json.loads(run("search", "fox", "--json"))["hits"]) == 1
+    monkeypatch.setenv("VECPLUG_SEARCH_K", "3")
+    assert len(json.loads(run("search", "fox", "--json"))["hits"]) == 3
+    assert len(json.loads(run("search", "fox", "--json", "-k", "2"))["hits"]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("search: {colour: blue}\n")
+    assert "unknown key(s) colour" in run("search", "fox", "--config", str(bad), ok=False)
+
+
+def test_errors_are_clear() -> None:
+    out = run("search", "anything", "--index", "nowhere", ok=False)
+    assert "no vecplug index at nowhere" in out
+    assert "Traceback" not in out
+    out = run("index", ".", "--store", "elasticsearch", ok=False)
+    assert "unknown store 'elasticsearch'" in out
+
+
+def test_qdrant_embedded_store(corpus: Path, tiny_model: Path, tmp_path: Path) -> None:
+    pytest.importorskip("qdrant_edge")
+    index = str(tmp_path / "q")
+    run("index", str(corpus), "--model", str(tiny_model), "--store", "qdrant", "--index", index, "-q")
+    out = json.loads(run("search", "el agua hierve a cien grados", "--store", "qdrant", "--index", index, "--json"))
+    assert out["hits"][0]["id"] == "records.jsonl#r1"
+    info = json.loads(run("info", "--store", "qdrant", "--index", index, "--json"))
+    assert info["documents"] == 4 and info["languages"]["es"] == 1
+
+
+def test_models_list() -> None:
+    out = run("models", "list")
+    assert "me5-small" in out and "not built" in out  # a fresh machine has nothing built
+
+
+def test_help_is_fast_and_light() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, vecplug.cli; "
+            "heavy = [m for m in ('torch', 'transformers', 'hnswlib', 'qdrant_client') if m in sys.modules]; "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,54 @@
+from pathlib import Path
+
+import pytest
+
+from vecplug.config import Settings, load_settings
+from vecplug.errors import ConfigError
+
+
+def test_defaults() -> None:
+    s = load_settings(environ={})
+    assert s == Settings()
+    assert s.index.store == "hnswlib" and s.search.mode == "xy"
+
+
+def test_precedence_flag_over_env_over_yaml(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("search: {k: 3, mode: mono}\nindex: {store: qdrant, path: from-yaml}\n")
+    env = {"VECPLUG_SEARCH_K": "7", "VECPLUG_CONFIG": str(cfg)}
+    s = load_settings(overrides={"search": {"k": 9, "lang": None}}, environ=env)
+    assert s.search.k == 9            # flag wins
+    assert s.search.mode == "mono"    # yaml, nothing above it
+    assert s.index.path == "from-yaml"
+    assert load_settings(environ=env).search.k == 7  # env over yaml
+
+
+def test_unknown_keys_rejected(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("search: {kk: 3}\n")
+    with pytest.raises(ConfigError, match="unknown key.*kk"):
+        load_settings(cfg, environ={})
+    cfg.write_text("serch: {k: 3}\n")
+    with pytest.raises(ConfigError, match="unknown section.*serch"):
+        load_settings(cfg, environ={})
+
+
+def test_bad_values_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="integer"):
+        load_settings(environ={"VECPLUG_SEARCH_K": "many"})
+    with pytest.raises(ConfigError, match="mode"):
+        load_settings(overrides={"search": {"mode": "sideways"}}, environ={})
+    with pytest.raises(ConfigError, match="chunk_overlap"):
+        load_settings(overrides={"corpus": {"chunk_tokens": 10, "chunk_overlap": 10}}, environ={})
+
+
+def test_yaml_cannot_run_code(tmp_path: Path) -> None:
+    cfg = tmp_path / "evil.yaml"
+    cfg.write_text("search: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_settings(cfg, environ={})
+
+
+def test_lists_from_env() -> None:
+    s = load_settings(environ={"VECPLUG_CORPUS_EMBED_FIELDS": "title, text"})
+    assert s.corpus.embed_fields == ("title", "text")

@@ -1,0 +1,40 @@
+"""The demo, as a test: the real multilingual model on the shipped example corpus."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import EXAMPLES
+from vecplug.cli import cli
+
+# query -> the only document that holds its answer, in another language
+CROSS_LINGUAL = {
+    "At what temperature does water boil on top of Everest?": "articles/kochen-in-der-hoehe.md",
+    "Wie viele buddhistische Tempel gibt es in Kyoto?": "articles/kyoto.md",
+    "¿Cuántos kilómetros mide el ferrocarril Transiberiano de Moscú a Vladivostok?": "articles/transsib.md",
+    "Из какого региона Испании родом паэлья?": "articles/paella.md",
+    "フランスの伝統的なバゲットの材料は何ですか？": "notes/baguette.txt",
+}
+
+
+@pytest.mark.slow
+def test_demo_corpus_cross_lingual(built_me5: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(cli, ["index", str(EXAMPLES), "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "0 problems" in result.output
+    info = json.loads(runner.invoke(cli, ["info", "--json"]).output)
+    assert info["manifest"]["document_encoder"] == "me5-small"
+    assert {"en", "de", "es", "fr", "ru", "zh", "ja", "ar"} <= set(info["languages"])
+    for query, answer in CROSS_LINGUAL.items():
+        out = json.loads(runner.invoke(cli, ["search", query, "-k", "3", "--json"]).output)
+        sources = [h["source"] for h in out["hits"]]
+        assert answer in sources, (query, sources)
+        answer_lang = next(h["lang"] for h in out["hits"] if h["source"] == answer)
+        assert answer_lang != out["lang"]  # found across languages
+    mono = json.loads(runner.invoke(cli, ["search", "Wie viele buddhistische Tempel gibt es in Kyoto?",
+                                          "--mode", "mono", "--json"]).output)
+    assert mono["lang"] == "de" and {h["lang"] for h in mono["hits"]} == {"de"}

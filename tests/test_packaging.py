@@ -1,0 +1,45 @@
+"""indexer/ and adapters/ install inside the vecplug package, never at the top level."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.mark.slow
+def test_wheel_has_only_the_vecplug_package(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
+    wheel = next(tmp_path.glob("vecplug-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"vecplug", next(t for t in tops if t.endswith(".dist-info"))}
+    for module in ("vecplug/indexer/encoder.py", "vecplug/indexer/me5.py",
+                   "vecplug/adapters/stores/hnsw.py", "vecplug/adapters/stores/qdrant.py",
+                   "vecplug/cli.py", "vecplug/py.typed"):
+        assert module in names
+    entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "vecplug = vecplug.cli:main" in entry
+
+
+def test_installed_layout(tmp_path: Path) -> None:
+    """Installed (editable here), vecplug.indexer/adapters map to the repo folders, and no
+    top-level `adapters` or `indexer` module becomes importable."""
+    code = ("import importlib.util as u, vecplug.indexer as i, vecplug.adapters as a; "
+            "print(i.__file__); print(a.__file__); "
+            "print(u.find_spec('adapters') is None and u.find_spec('indexer') is None)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert Path(out[0]).parent == REPO / "indexer"
+    assert Path(out[1]).parent == REPO / "adapters"
+    assert out[2] == "True"
+
+
+def test_python_dash_m() -> None:
+    out = subprocess.run([sys.executable, "-m", "vecplug", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and "vecplug, version" in out.stdout

@@ -1,0 +1,166 @@
+"""One battery for every store: the contract of vecplug.adapters.stores.base.VectorStore."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import unit_vectors
+from vecplug.adapters.stores import Record, available_stores, get_store_class
+from vecplug.errors import IndexNotFoundError, UnknownBackendError
+
+DIM = 12
+LANGS = ["en", "de", "zh"]
+
+
+def _server_options() -> dict[str, Any]:
+    qdrant_client = pytest.importorskip("qdrant_client")
+    return {"client": qdrant_client.QdrantClient(location=":memory:"), "collection": "battery"}
+
+
+@pytest.fixture(params=["hnswlib", "qdrant-embedded", "qdrant-server"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type, str, dict[str, Any]]:
+    if request.param == "hnswlib":
+        return get_store_class("hnswlib"), str(tmp_path / "idx"), {}
+    pytest.importorskip("qdrant_edge" if request.param == "qdrant-embedded" else "qdrant_client")
+    if request.param == "qdrant-embedded":
+        return get_store_class("qdrant"), str(tmp_path / "idx"), {}
+    # the server code path, against qdrant-client's in-process server stand-in
+    return get_store_class("qdrant"), "http://localhost:6333", _server_options()
+
+
+def records(n: int, start: int = 0) -> list[Record]:
+    return [Record(f"doc/{i}.txt#0", f"text {i}", f"doc/{i}.txt", 0,
+                   LANGS[i % 3] if i % 7 else None, {"n": i, "title": f"T{i}"})
+            for i in range(start, start + n)]
+
+
+def test_registry_knows_builtin_stores() -> None:
+    assert {"hnswlib", "qdrant"} <= set(available_stores())
+    with pytest.raises(UnknownBackendError, match="unknown store 'nope'"):
+        get_store_class("nope")
+
+
+def test_roundtrip(target: tuple[type, str, dict[str, Any]]) -> None:
+    cls, location, options = target
+    assert not cls.exists(location, options)
+    with pytest.raises(IndexNotFoundError):
+        cls.open(location, options)
+    vecs = unit_vectors(60, DIM)
+    recs = records(60)
+    store = cls.create(location, DIM, {"document_encoder": "x", "dim": DIM}, options)
+    store.upsert(recs, vecs)
+    store.commit({"note": "first"})
+    store.close()
+
+    assert cls.exists(location, options)
+    store = cls.open(location, options)
+    try:
+        assert store.dim == DIM
+        assert store.manifest["note"] == "first" and store.manifest["document_encoder"] == "x"
+        assert store.count() == 60
+        assert sorted(store.ids()) == sorted(r.id for r in recs)
+        got = store.get([recs[5].id, "missing", recs[1].id])
+        assert got == [recs[5], recs[1]]
+        langs = store.languages()
+        assert sum(langs.values()) == 60 and set(langs) == {"en", "de", "zh", "und"}
+        for i in (0, 17, 42):
+            hits = store.search(vecs[i], 5)
+            assert hits[0].record == recs[i]
+            assert hits[0].score == pytest.approx(1.0, abs=1e-4)
+            assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        only_de = store.search(vecs[0], 10, ["de"])
+        assert len(only_de) == 10 and all(h.record.lang == "de" for h in only_de)
+        und = store.search(vecs[7], 3, ["und"])
+        assert und[0].record == recs[7] and all(h.record.lang is None for h in und)
+        assert store.search(vecs[0], 100)[-1].record in recs and len(store.search(vecs[0], 100)) == 60
+    finally:
+        store.close()
+
+
+def test_update_delete(target: tuple[type, str, dict[str, Any]]) -> None:
+    cls, location, options = target
+    vecs = unit_vectors(30, DIM, seed=1)
+    recs = records(30)
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    store.upsert(recs, vecs)
+    store.commit()
+    # replace one record (new text, new vector), delete two, add one
+    changed = Record(recs[3].id, "new text", recs[3].source, 0, "en", {})
+    store.upsert([changed], vecs[20:21])
+    store.delete([recs[4].id, recs[5].id, "never-existed"])
+    store.upsert(records(1, start=100), unit_vectors(1, DIM, seed=9))
+    store.commit()
+    store.close()
+    store = cls.open(location, options, writable=True)
+    try:
+        assert store.count() == 29
+        assert store.get([recs[3].id]) == [changed]
+        assert store.get([recs[4].id, recs[5].id]) == []
+        ids = {h.record.id for h in store.search(vecs[4], 29)}
+        assert recs[4].id not in ids and recs[5].id not in ids
+        top = store.search(vecs[20], 2)
+        assert {h.record.id for h in top} == {recs[3].id, recs[20].id}
+    finally:
+        store.close()
+
+
+def test_empty_index_searches(target: tuple[type, str, dict[str, Any]]) -> None:
+    cls, location, options = target
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    try:
+        assert store.count() == 0
+        assert store.search(unit_vectors(1, DIM)[0], 5) == []
+        assert store.search(unit_vectors(1, DIM)[0], 5, ["en"]) == []
+    finally:
+        store.close()
+
+
+def test_hnswlib_uncommitted_changes_are_dropped(tmp_path: Path) -> None:
+    cls = get_store_class("hnswlib")
+    location = str(tmp_path / "idx")
+    store = cls.create(location, DIM, {"dim": DIM}, {})
+    store.upsert(records(10), unit_vectors(10, DIM))
+    store.commit()
+    store.upsert(records(5, start=50), unit_vectors(5, DIM, seed=3))
+    store.delete([records(1)[0].id])
+    store.close()  # no commit
+    store = cls.open(location, {})
+    try:
+        assert store.count() == 10
+        assert sorted(store.ids()) == sorted(r.id for r in records(10))
+    finally:
+        store.close()
+
+
+def test_hnswlib_one_writer(tmp_path: Path) -> None:
+    from vecplug.errors import VecplugError
+
+    cls = get_store_class("hnswlib")
+    location = str(tmp_path / "idx")
+    writer = cls.create(location, DIM, {"dim": DIM}, {})
+    try:
+        with pytest.raises(VecplugError, match="another process is writing"):
+            cls.open(location, {}, writable=True)
+        reader = cls.open(location, {})  # readers are welcome
+        reader.close()
+    finally:
+        writer.close()
+    cls.open(location, {}, writable=True).close()  # the lock went with the writer
+
+
+def test_hnswlib_damaged_graph_is_reported(tmp_path: Path) -> None:
+    from vecplug.errors import CorruptIndexError
+
+    cls = get_store_class("hnswlib")
+    location = tmp_path / "idx"
+    store = cls.create(str(location), DIM, {"dim": DIM}, {})
+    store.upsert(records(10), unit_vectors(10, DIM))
+    store.commit()
+    store.close()
+    graph = next(location.glob("vectors-*.hnsw"))
+    graph.write_bytes(graph.read_bytes()[:-100])
+    with pytest.raises(CorruptIndexError, match="damaged"):
+        cls.open(str(location), {})

@@ -1,0 +1,3 @@
+from vecplug.cli import main
+
+main()

@@ -1,0 +1,193 @@
+"""The ``vecplug`` command: parse, load settings, call the library, print.
+
+Heavy modules (torch, transformers, stores) are imported by the library only when a
+command needs them, so ``vecplug --help`` stays fast.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from vecplug._version import __version__
+from vecplug.errors import VecplugError
+
+
+def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The one place library errors become CLI errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except VecplugError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--index", "index_path", metavar="DIR", help="Index folder [default: .vecplug]."),
+        click.option("--store", help="Store: hnswlib (default) or qdrant."),
+        click.option("--url", help="Qdrant server or cluster URL (uses the qdrant store)."),
+        click.option("--collection", help="Qdrant collection [default: vecplug]."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                     help="YAML config file (also $VECPLUG_CONFIG)."),
+        click.option("--model", help="Document encoder: built-in name, folder or hub id "
+                                     "[default: the index's, or me5-small]."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _settings(config_file: str | None, index_path: str | None, store: str | None, url: str | None,
+              collection: str | None, model: str | None, **more: dict[str, Any]) -> Any:
+    from vecplug.config import load_settings
+
+    overrides: dict[str, dict[str, Any]] = {
+        "index": {"path": index_path, "store": store, "url": url, "collection": collection},
+        "model": {"document": model},
+    }
+    for section, values in more.items():
+        overrides.setdefault(section, {}).update(values)
+    return load_settings(config_file, overrides)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vecplug")
+def cli() -> None:
+    """Multilingual semantic search: index a folder, search it in any language."""
+
+
+@cli.command("index")
+@click.argument("path", type=click.Path(exists=True))
+@_index_options
+@click.option("--lang", help="Language of every document (skips detection), e.g. de.")
+@click.option("--chunk-tokens", type=int, help="Passage size for .txt/.md files, in tokens.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_errors
+def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, quiet: bool, **common: Any) -> None:
+    """Index the documents under PATH (.txt, .md, .jsonl, .csv)."""
+    from vecplug.api import Index
+
+    settings = _settings(**common, corpus={"lang": lang, "chunk_tokens": chunk_tokens})
+    with Index.open(settings, create=True) as index:
+        report = index.index_path(path, progress=not quiet)
+        total = index.store.count()
+    for problem in report.problems:
+        click.echo(f"skipped {problem}", err=True)
+    rate = report.documents / report.seconds if report.seconds else 0.0
+    langs = ", ".join(f"{k} {v}" for k, v in report.languages.most_common())
+    click.echo(f"indexed {report.documents} documents from {report.files} files "
+               f"({report.unchanged} unchanged, {len(report.problems)} problems) in "
+               f"{report.seconds:.1f} s ({rate:.1f} docs/s, {report.tokens} tokens); "
+               f"index holds {total}")
+    if langs:
+        click.echo(f"languages: {langs}")
+
+
+@cli.command("search")
+@click.argument("query")
+@_index_options
+@click.option("-k", "k", type=int, help="Number of results [default: 10].")
+@click.option("--mode", type=click.Choice(["xy", "mono"]),
+              help="xy: answers in any language (default); mono: in the query's language.")
+@click.option("--lang", help="The query's language (skips detection).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_errors
+def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, as_json: bool,
+               **common: Any) -> None:
+    """Search the index with QUERY."""
+    from vecplug.api import Index
+
+    settings = _settings(**common, search={"k": k, "mode": mode, "lang": lang})
+    with Index.open(settings) as index:
+        result = index.search(query)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
+        return
+    click.echo(f"query [{result.lang}] {query!r}, mode {result.mode}, {len(result)} results "
+               f"in {result.seconds * 1000:.0f} ms")
+    for hit in result:
+        title = hit.payload.get("title")
+        snippet = " ".join(hit.text.split())
+        snippet = snippet[:160] + ("…" if len(snippet) > 160 else "")
+        click.echo(f"{hit.rank:>3}. {hit.score:.3f} [{hit.lang or 'und'}] {hit.source}"
+                   + (f" — {title}" if title else ""))
+        click.echo(f"     {snippet}")
+
+
+@cli.command("info")
+@_index_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_errors
+def info_cmd(as_json: bool, **common: Any) -> None:
+    """What an index holds and what it was built with."""
+    from vecplug.api import Index
+
+    with Index.open(_settings(**common)) as index:
+        info = index.info()
+    if as_json:
+        click.echo(json.dumps(info, ensure_ascii=False, indent=2))
+        return
+    m = info["manifest"]
+    click.echo(f"index:      {info['location']} ({m.get('store', {}).get('name', '?')})")
+    click.echo(f"documents:  {info['documents']}")
+    click.echo("languages:  " + ", ".join(f"{k} {v}" for k, v in info["languages"].items()))
+    click.echo(f"documents encoded by: {m.get('document_encoder')} ({m.get('document_encoder_checksum', '')[:12]})")
+    click.echo(f"queries encoded by:   {m.get('query_encoder')} ({m.get('query_encoder_checksum', '')[:12]})")
+    click.echo(f"dimension {m.get('dim')}, {m.get('pooling')} pooling, normalised {m.get('normalize')}, "
+               f"prefixes {m.get('query_prefix')!r} / {m.get('document_prefix')!r}, "
+               f"max tokens {m.get('query_max_length')} / {m.get('document_max_length')}")
+    click.echo(f"built by vecplug {m.get('vecplug_version')}, created {m.get('created')}, "
+               f"updated {m.get('updated', '-')}")
+
+
+@cli.group("models")
+def models_group() -> None:
+    """Built-in and cached models."""
+
+
+@models_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_errors
+def models_list(as_json: bool) -> None:
+    """Models available, and whether they are built on this machine."""
+    from vecplug.indexer.models import list_models
+
+    rows = list_models()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        state = "built" if row["built"] else "not built (vecplug models build " + row["name"] + ")"
+        click.echo(f"{row['name']:<14} {state}")
+        click.echo(f"{'':<14} {row['description']}")
+        if row["built"]:
+            click.echo(f"{'':<14} {row['path']}  sha256 {row['checksum'][:16]}")
+
+
+@models_group.command("build")
+@click.argument("name", default="me5-small")
+@click.option("--force", is_flag=True, help="Rebuild even if built.")
+@_errors
+def models_build(name: str, force: bool) -> None:
+    """Build a built-in model (default me5-small) into $VECPLUG_HOME."""
+    from vecplug.indexer.models import build_builtin, folder_checksum
+
+    path = build_builtin(name, force=force)
+    click.echo(f"{name}: {path} (sha256 {folder_checksum(path)})")
+
+
+def main() -> None:
+    cli(prog_name="vecplug")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

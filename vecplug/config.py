@@ -1,0 +1,202 @@
+"""Settings: frozen dataclasses, loaded with precedence flag > ``VECPLUG_*`` env > YAML > defaults.
+
+The YAML file mirrors the sections below (unknown keys are rejected)::
+
+    index:  {path: .vecplug, store: hnswlib, url: null, collection: vecplug}
+    model:  {document: me5-small, query_max_length: 64, document_max_length: 256}
+    corpus: {chunk_tokens: 200, chunk_overlap: 32, lang: null}
+    search: {k: 10, mode: xy}
+
+Each key can also be set from the environment as ``VECPLUG_<SECTION>_<KEY>``, e.g.
+``VECPLUG_INDEX_STORE=qdrant`` or ``VECPLUG_SEARCH_K=5``; ``VECPLUG_CONFIG`` names a file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from vecplug.errors import ConfigError
+
+MODES = ("xy", "mono")
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    #: index folder (hnswlib, embedded Qdrant); ignored for a Qdrant server given by ``url``
+    path: str = ".vecplug"
+    #: store name from the registry: hnswlib (default), qdrant, or a plugin's
+    store: str = "hnswlib"
+    #: Qdrant server or cluster URL (implies store qdrant)
+    url: str | None = None
+    collection: str = "vecplug"
+    api_key: str | None = None
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 200
+    hnsw_ef_search: int = 64
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    #: document encoder: built-in name, model folder or hub id; None = the index's own
+    #: (or me5-small for a new index)
+    document: str | None = None
+    #: query encoder; None = the document encoder
+    query: str | None = None
+    query_max_length: int = 64
+    document_max_length: int = 256
+    query_prefix: str | None = None
+    document_prefix: str | None = None
+    batch_tokens: int = 8192
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class CorpusSettings:
+    chunk_tokens: int = 200
+    chunk_overlap: int = 32
+    embed_fields: tuple[str, ...] = ("title", "description", "text")
+    #: language of every document (skips detection), e.g. "de"
+    lang: str | None = None
+    max_file_mb: int = 64
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    k: int = 10
+    mode: str = "xy"
+    #: the query's language (skips detection)
+    lang: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    index: IndexSettings = field(default_factory=IndexSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    corpus: CorpusSettings = field(default_factory=CorpusSettings)
+    search: SearchSettings = field(default_factory=SearchSettings)
+
+    def validate(self) -> "Settings":
+        if self.search.mode not in MODES:
+            raise ConfigError(f"search.mode must be one of {', '.join(MODES)}, not '{self.search.mode}'")
+        for name, value in (("search.k", self.search.k), ("corpus.chunk_tokens", self.corpus.chunk_tokens),
+                            ("model.query_max_length", self.model.query_max_length),
+                            ("model.document_max_length", self.model.document_max_length),
+                            ("model.batch_tokens", self.model.batch_tokens)):
+            if value < 1:
+                raise ConfigError(f"{name} must be at least 1, not {value}")
+        if not 0 <= self.corpus.chunk_overlap < self.corpus.chunk_tokens:
+            raise ConfigError("corpus.chunk_overlap must be >= 0 and smaller than corpus.chunk_tokens")
+        return self
+
+
+SECTIONS: dict[str, type] = {
+    "index": IndexSettings, "model": ModelSettings, "corpus": CorpusSettings, "search": SearchSettings,
+}
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check/convert ``value`` (from YAML or an env string) to the field type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(str(v) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(type(base))
+    known = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    changes = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    return dataclasses.replace(base, **changes)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)  # never yaml.load: a config must not run code
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            key = f"VECPLUG_{section.upper()}_{f.name.upper()}"
+            if key in environ:
+                out.setdefault(section, {})[f.name] = environ[key]
+    return out
+
+
+def load_settings(config_file: str | Path | None = None,
+                  overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    """Defaults, then the YAML file (``config_file`` or ``$VECPLUG_CONFIG``), then
+    ``VECPLUG_*`` variables, then ``overrides`` (flags; ``None`` values are ignored)."""
+    environ = os.environ if environ is None else environ
+    settings = Settings()
+    config_file = config_file or environ.get("VECPLUG_CONFIG")
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if config_file:
+        layers.append((str(config_file), read_yaml(config_file)))
+    layers.append(("environment", env_values(environ)))
+    layers.append(("options", {s: {k: v for k, v in vals.items() if v is not None}
+                               for s, vals in (overrides or {}).items()}))
+    for where, data in layers:
+        unknown = sorted(set(data) - set(SECTIONS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown section(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(SECTIONS)}")
+        for section, values in data.items():
+            if values is None:
+                continue
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{where}: section '{section}' must be a mapping")
+            current = getattr(settings, section)
+            settings = dataclasses.replace(settings, **{section: _apply(current, values, f"{where}: {section}")})
+    return settings.validate()
