@@ -34,7 +34,7 @@ class TextEncoder:
     """One transformer with its tokenizer; ``encode`` returns unit vectors (float32)."""
 
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, shared_embeddings: Any = None) -> None:
         import torch
         import transformers
         from transformers import AutoModel, AutoTokenizer
@@ -48,12 +48,18 @@ class TextEncoder:
         transformers.logging.set_verbosity_error()  # "pooler weights missing" is expected
         transformers.utils.logging.disable_progress_bar()
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(info.path), trust_remote_code=False)
-            try:
-                self.model = AutoModel.from_pretrained(
-                    str(info.path), trust_remote_code=False, add_pooling_layer=False)
-            except TypeError:  # architectures without a pooler do not take the flag
-                self.model = AutoModel.from_pretrained(str(info.path), trust_remote_code=False)
+            self.tokenizer = AutoTokenizer.from_pretrained(str(info.tokenizer_path), trust_remote_code=False)
+            if info.teacher is not None:
+                from vecplug.indexer.student import load_student
+
+                self.model = load_student(info.path, info.teacher.path, info.teacher.checksum,
+                                          shared_embeddings)
+            else:
+                try:
+                    self.model = AutoModel.from_pretrained(
+                        str(info.path), trust_remote_code=False, add_pooling_layer=False)
+                except TypeError:  # architectures without a pooler do not take the flag
+                    self.model = AutoModel.from_pretrained(str(info.path), trust_remote_code=False)
         finally:
             transformers.logging.set_verbosity(verbosity)
             if bars:
@@ -116,39 +122,62 @@ class Encoder:
     """Documents and queries into one vector space.
 
     ``document`` encodes what gets indexed; ``query`` (default: the same model) encodes
-    queries. Prefixes come from the model (``query: ``/``passage: `` for E5) unless given.
+    queries, typically a student distilled from the document encoder. Each side is loaded on
+    first use, so a process that only searches never loads the document encoder. Prefixes
+    come from the model (``query: ``/``passage: `` for E5) unless given.
     """
 
-    def __init__(self, document: TextEncoder, query: TextEncoder | None = None, *,
+    def __init__(self, document: ModelInfo, query: ModelInfo | None = None, *,
                  query_max_length: int = DEFAULT_QUERY_MAX_LENGTH,
                  document_max_length: int = DEFAULT_DOCUMENT_MAX_LENGTH,
-                 query_prefix: str | None = None, document_prefix: str | None = None) -> None:
-        self.document = document
-        self.query = query or document
-        if self.query.dim != self.document.dim:
+                 query_prefix: str | None = None, document_prefix: str | None = None,
+                 batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None) -> None:
+        self.document_info = document
+        self.query_info = query if query is not None and query.checksum != document.checksum else document
+        self._document: TextEncoder | None = None
+        self._query: TextEncoder | None = None
+        self.batch_tokens, self.threads = batch_tokens, threads
+        self.dim = _hidden_size(document)
+        if _hidden_size(self.query_info) != self.dim:
             from vecplug.errors import ModelMismatchError
 
             raise ModelMismatchError(
-                f"query encoder {self.query.info.spec} has dimension {self.query.dim}, "
-                f"document encoder {self.document.info.spec} has {self.document.dim}")
+                f"query encoder {self.query_info.spec} has dimension {_hidden_size(self.query_info)}, "
+                f"document encoder {document.spec} has {self.dim}")
         self.query_max_length = query_max_length
         self.document_max_length = document_max_length
-        self.query_prefix = self.query.info.query_prefix if query_prefix is None else query_prefix
-        self.document_prefix = (self.document.info.document_prefix
-                                if document_prefix is None else document_prefix)
+        self.query_prefix = self.query_info.query_prefix if query_prefix is None else query_prefix
+        self.document_prefix = document.document_prefix if document_prefix is None else document_prefix
 
     @classmethod
-    def from_specs(cls, document: str, query: str | None = None, *,
-                   batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
-                   **kwargs: Any) -> "Encoder":
-        """Resolve (and if needed build) the models named by the specs and load them."""
-        doc = TextEncoder(resolve_model(document), batch_tokens, threads)
-        qry = TextEncoder(resolve_model(query), batch_tokens, threads) if query and query != document else None
-        return cls(doc, qry, **kwargs)
+    def from_specs(cls, document: str, query: str | None = None, **kwargs: Any) -> "Encoder":
+        """Resolve (and if needed build) the models named by the specs."""
+        doc = resolve_model(document)
+        return cls(doc, resolve_model(query) if query and query != document else None, **kwargs)
 
     @property
-    def dim(self) -> int:
-        return self.document.dim
+    def document(self) -> TextEncoder:
+        if self._document is None:
+            if self.query_info is self.document_info and self._query is not None:
+                self._document = self._query
+            else:
+                self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads)
+        return self._document
+
+    @property
+    def query(self) -> TextEncoder:
+        if self._query is None:
+            if self.query_info is self.document_info:
+                self._query = self.document
+            else:
+                shared = None
+                teacher = self.query_info.teacher
+                if (self._document is not None and teacher is not None
+                        and teacher.checksum == self.document_info.checksum):
+                    # the student shares the loaded teacher's vocabulary table
+                    shared = self._document.model.get_input_embeddings().weight.detach()
+                self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared)
+        return self._query
 
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
         return self.document.encode(texts, self.document_prefix, self.document_max_length,
@@ -158,17 +187,15 @@ class Encoder:
         return self.query.encode(texts, self.query_prefix, self.query_max_length,
                                  progress, desc="queries")
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens of ``text`` under the document tokenizer, without specials or prefix."""
-        return len(self.document.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def describe(self) -> dict[str, Any]:
         """What a manifest records to refuse a mismatched encoder later."""
+        q = self.query_info
         return {
-            "document_encoder": self.document.info.spec,
-            "document_encoder_checksum": self.document.info.checksum,
-            "query_encoder": self.query.info.spec,
-            "query_encoder_checksum": self.query.info.checksum,
+            "document_encoder": self.document_info.spec,
+            "document_encoder_checksum": self.document_info.checksum,
+            "query_encoder": q.spec,
+            "query_encoder_checksum": q.checksum,
+            "query_encoder_teacher_checksum": q.teacher.checksum if q.teacher else q.checksum,
             "dim": self.dim,
             "pooling": "mean",
             "normalize": True,
@@ -178,3 +205,14 @@ class Encoder:
             "document_max_length": self.document_max_length,
         }
 
+
+def _hidden_size(info: ModelInfo) -> int:
+    import json
+
+    config = json.loads((info.path / "config.json").read_text())
+    size = config.get("hidden_size", config.get("d_model", config.get("dim")))
+    if size is None:
+        from vecplug.errors import ModelError
+
+        raise ModelError(f"{info.path}/config.json names no hidden size")
+    return int(size)

@@ -52,6 +52,32 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         _build_me5),
 }
 
+# Query students shipped inside the package (vecplug/students/<name>/), by name -> folder,
+# and the default student registered for a built-in document encoder.
+BUILTIN_STUDENTS: dict[str, Path] = {}
+DEFAULT_STUDENTS: dict[str, str] = {}
+
+
+def _find_packaged_students() -> None:
+    import importlib.resources
+
+    try:
+        root = Path(str(importlib.resources.files("vecplug") / "students"))
+    except (ModuleNotFoundError, TypeError):
+        return
+    if not root.is_dir():
+        return
+    for folder in sorted(root.iterdir()):
+        meta_file = folder / "student.json"
+        if meta_file.is_file():
+            BUILTIN_STUDENTS[folder.name] = folder
+            meta = json.loads(meta_file.read_text())
+            if meta.get("default_for"):
+                DEFAULT_STUDENTS[str(meta["default_for"])] = folder.name
+
+
+_find_packaged_students()
+
 # Prefixes of model families that were trained with them; a model folder's own
 # vecplug.json, or the configuration, overrides these.
 _KNOWN_PREFIXES = (("e5", "query: ", "passage: "),)
@@ -67,6 +93,13 @@ class ModelInfo:
     query_prefix: str = ""
     document_prefix: str = ""
     builtin: bool = False
+    #: for a distilled student: the document encoder it was distilled from
+    teacher: "ModelInfo | None" = None
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """Students carry no tokenizer: they use their teacher's."""
+        return self.teacher.path if self.teacher is not None else self.path
 
 
 def is_built(name: str) -> bool:
@@ -122,6 +155,13 @@ def list_models() -> list[dict[str, Any]]:
         meta = _read_meta(models_dir() / name)
         rows.append({"name": name, "built": is_built(name), "path": str(models_dir() / name),
                      "checksum": meta.get("weights_sha256", ""), "description": m.description})
+    for name, folder in BUILTIN_STUDENTS.items():
+        meta = json.loads((folder / "student.json").read_text())
+        default = f"; default query encoder for {meta['default_for']}" if meta.get("default_for") else ""
+        rows.append({"name": name, "built": True, "path": str(folder),
+                     "checksum": meta.get("weights_sha256", ""),
+                     "description": f"query student of {meta['teacher']}: {len(meta['layers'])} "
+                                    f"layers ({', '.join(map(str, meta['layers']))}){default}"})
     if models_dir().is_dir():
         for d in sorted(models_dir().iterdir()):
             if d.name not in BUILTIN_MODELS and not d.name.startswith(".") and d.is_dir():
@@ -187,6 +227,16 @@ def _default_prefixes(spec: str, folder: Path) -> tuple[str, str]:
     return "", ""
 
 
+def _resolve_student(spec: str, folder: Path, build: bool, builtin: bool = False) -> ModelInfo:
+    from vecplug.indexer.student import read_student_meta
+
+    meta = read_student_meta(folder)
+    teacher = resolve_model(str(meta["teacher"]), build=build)
+    return ModelInfo(spec, folder, str(meta["weights_sha256"]),
+                     meta.get("query_prefix", teacher.query_prefix),
+                     meta.get("document_prefix", teacher.document_prefix), builtin, teacher)
+
+
 def _download(spec: str) -> Path:
     repo, _, revision = spec.partition("@")
     try:
@@ -214,8 +264,14 @@ def resolve_model(spec: str, build: bool = True) -> ModelInfo:
         folder = models_dir() / spec
         q, d = _default_prefixes(spec, folder)
         return ModelInfo(spec, folder, folder_checksum(folder), q, d, builtin=True)
+    if spec in BUILTIN_STUDENTS:
+        return _resolve_student(spec, BUILTIN_STUDENTS[spec], build, builtin=True)
     path = Path(spec).expanduser()
     if path.is_dir():
+        from vecplug.indexer.student import is_student_folder
+
+        if is_student_folder(path):
+            return _resolve_student(str(path.resolve()), path.resolve(), build)
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a Hugging Face model folder (no config.json)")
         q, d = _default_prefixes(spec, path)

@@ -28,6 +28,9 @@ _LAZY = {
     "Settings": "vecplug.config",
     "load_settings": "vecplug.config",
     "Encoder": "vecplug.indexer.encoder",
+    "QueryEncoder": "vecplug.embedders",
+    "DocumentEncoder": "vecplug.embedders",
+    "load_encoder": "vecplug.embedders",
 }
 
 __all__ = [

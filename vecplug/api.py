@@ -134,11 +134,14 @@ class Index:
         if self._encoder is None:
             from vecplug.indexer.encoder import Encoder
 
+            from vecplug.indexer.models import DEFAULT_STUDENTS
+
             m = self.settings.model
             built = self.manifest
             document = m.document or built.get("document_encoder") or DEFAULT_MODEL
-            query = m.query or (built.get("query_encoder") if built.get("query_encoder") != built.get(
-                "document_encoder") else None)
+            # queries: the flag, else what the index was built with, else the student
+            # registered for the document encoder (if any), else the document encoder
+            query = m.query or built.get("query_encoder") or DEFAULT_STUDENTS.get(document)
             prefixes = {"query_prefix": m.query_prefix, "document_prefix": m.document_prefix}
             for key in prefixes:
                 if prefixes[key] is None and key in built:
@@ -149,6 +152,7 @@ class Index:
                 **prefixes)
             if built:
                 check_encoder(built, encoder.describe())
+            check_query_encoder(encoder.describe())
             self._encoder = encoder
         return self._encoder
 
@@ -259,6 +263,15 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
             right = f"{current.get(name)} ({current.get(key)})" if name else repr(current.get(key))
             raise ModelMismatchError(f"{what} mismatch: the index was built with {left}, "
                                      f"but this run uses {right}")
+
+
+def check_query_encoder(current: dict[str, Any]) -> None:
+    """A query encoder must be the document encoder or a student distilled from it."""
+    if current["query_encoder_teacher_checksum"] != current["document_encoder_checksum"]:
+        raise ModelMismatchError(
+            f"query encoder {current['query_encoder']} was distilled from a teacher with checksum "
+            f"{current['query_encoder_teacher_checksum']}, but the documents are encoded by "
+            f"{current['document_encoder']} ({current['document_encoder_checksum']})")
 
 
 def settings_for(path: str | None = None, **sections: dict[str, Any]) -> Settings:

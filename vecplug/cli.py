@@ -40,6 +40,8 @@ def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="YAML config file (also $VECPLUG_CONFIG)."),
         click.option("--model", help="Document encoder: built-in name, folder or hub id "
                                      "[default: the index's, or me5-small]."),
+        click.option("--query-encoder", help="Query encoder: the document encoder itself or a student "
+                                             "distilled from it [default: the index's]."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -47,12 +49,13 @@ def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _settings(config_file: str | None, index_path: str | None, store: str | None, url: str | None,
-              collection: str | None, model: str | None, **more: dict[str, Any]) -> Any:
+              collection: str | None, model: str | None, query_encoder: str | None,
+              **more: dict[str, Any]) -> Any:
     from vecplug.config import load_settings
 
     overrides: dict[str, dict[str, Any]] = {
         "index": {"path": index_path, "store": store, "url": url, "collection": collection},
-        "model": {"document": model},
+        "model": {"document": model, "query": query_encoder},
     }
     for section, values in more.items():
         overrides.setdefault(section, {}).update(values)
@@ -147,6 +150,52 @@ def info_cmd(as_json: bool, **common: Any) -> None:
                f"max tokens {m.get('query_max_length')} / {m.get('document_max_length')}")
     click.echo(f"built by vecplug {m.get('vecplug_version')}, created {m.get('created')}, "
                f"updated {m.get('updated', '-')}")
+
+
+@cli.command("distill")
+@click.option("--teacher", default="me5-small", show_default=True,
+              help="Document encoder to distil: built-in name, folder or hub id.")
+@click.option("--layers", "-k", type=int, default=3, show_default=True, help="Student layers.")
+@click.option("--layer-choice", type=click.Choice(["spread", "first"]), default="spread", show_default=True,
+              help="Teacher layers that initialise the student: evenly spread (keeps the last) or the first k.")
+@click.option("--tatoeba", type=click.Path(exists=True, file_okay=False),
+              help="Folder of Tatoeba pairs (tatoeba.xxx-eng.{xxx,eng}).")
+@click.option("--texts", multiple=True, type=click.Path(exists=True),
+              help="Your own training text: a file with one query per line, or a corpus folder. Repeatable.")
+@click.option("--epochs", type=int, default=2, show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--lr", "learning_rate", type=float, default=2e-4, show_default=True)
+@click.option("--max-texts", type=int, default=40000, show_default=True, help="Cap on training texts per source.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN].")
+@click.option("--stop-after", type=int, help="Stop after N steps (checkpointed; rerun to resume).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@_errors
+def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | None, texts: tuple[str, ...],
+                epochs: int, batch_size: int, learning_rate: float, max_texts: int, seed: int,
+                out: str | None, stop_after: int | None, quiet: bool) -> None:
+    """Distil a small query encoder (student) from a document encoder (MSE on query vectors).
+
+    Interrupted runs resume from their checkpoint when run again with the same options.
+    """
+    from pathlib import Path
+
+    from vecplug.indexer.distill import DistillConfig, distill
+    from vecplug.indexer.models import models_dir
+
+    config = DistillConfig(teacher=teacher, layers=layers, layer_choice=layer_choice, epochs=epochs,
+                           batch_size=batch_size, learning_rate=learning_rate, max_texts=max_texts,
+                           seed=seed, tatoeba=tatoeba, texts=texts)
+    name = Path(teacher).name if Path(teacher).exists() else teacher.replace("/", "--")
+    folder = Path(out) if out else models_dir() / f"{name}-student-k{layers}"
+    report = distill(config, folder, progress=not quiet, command="vecplug " + " ".join(sys.argv[1:]),
+                     log=lambda m: click.echo(m, err=True), stop_after=stop_after)
+    if report is None:
+        click.echo(f"stopped after {stop_after} steps; run the same command again to resume")
+        return
+    click.echo(f"student: {folder} ({report.artifact_bytes / 1e6:.1f} MB, {report.steps} steps, "
+               f"{report.seconds / 60:.1f} min, final loss {report.final_loss:.4f})")
+    click.echo(f"search with it: vecplug search QUERY --query-encoder {folder}")
 
 
 @cli.group("models")

@@ -323,8 +323,13 @@ class QdrantStore(VectorStore):
     @classmethod
     def create(cls, location: str, dim: int, manifest: dict[str, Any],
                options: dict[str, Any]) -> "QdrantStore":
-        meta = {"format": FORMAT, "dim": int(dim), "manifest": copy.deepcopy(manifest)}
         b = cls._backend(location, options)
+        store = {"name": cls.name, "space": "cosine",
+                 "mode": "server" if isinstance(b, _Server) else "embedded (qdrant-edge)"}
+        if isinstance(b, _Server):
+            store["collection"] = b.name
+        manifest = {**copy.deepcopy(manifest), "dim": int(dim), "store": store}
+        meta = {"format": FORMAT, "dim": int(dim), "manifest": manifest}
         b.create(int(dim), meta)
         return cls(b, meta, writable=True)
 

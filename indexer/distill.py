@@ -1,0 +1,297 @@
+"""Distil a query student from a document encoder (the Microsoft "Unbiased Sentence Encoder"
+recipe: a few-layer student trained with an L2 loss to reproduce the teacher's query vectors).
+
+Training text is short and query-like, in many languages: Tatoeba's sentence pairs give
+S(x) ~ T(x) for every sentence and S(translation) ~ T(English source) (Reimers & Gurevych
+2020, multilingual knowledge distillation); a user's own texts add S(x) ~ T(x).
+
+The loss is the squared distance between unit vectors, plus the same after removing the
+teacher's mean vector: the teacher's vectors are anisotropic (two unrelated queries have
+cosine ~0.73), and a plain MSE lets the student learn the shared direction and collapse.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vecplug.errors import VecplugError
+
+WORK = ".distill-work"
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    teacher: str = "me5-small"
+    layers: int = 3
+    #: "spread" (evenly spaced teacher layers, keeping the last) or "first"
+    layer_choice: str = "spread"
+    epochs: int = 2
+    batch_size: int = 64
+    learning_rate: float = 2e-4
+    warmup: float = 0.05
+    max_length: int = 64
+    centered_weight: float = 1.0
+    seed: int = 0
+    #: at most this many training texts (sampled evenly over the sources)
+    max_texts: int = 40000
+    checkpoint_every: int = 200
+    tatoeba: str | None = None
+    texts: tuple[str, ...] = ()
+    #: register the student as the default query encoder of its teacher
+    default_for: str | None = None
+
+
+@dataclass
+class DistillReport:
+    folder: Path
+    steps: int
+    seconds: float
+    final_loss: float
+    texts: int
+    artifact_bytes: int
+    losses: list[float] = field(default_factory=list)
+
+
+# -- training data ---------------------------------------------------------------------
+
+def tatoeba_pairs(folder: Path) -> list[tuple[str, str, str]]:
+    """(language, sentence, English source) for every line-aligned Tatoeba pair."""
+    pairs = []
+    for other in sorted(folder.glob("tatoeba.*-eng.*")):
+        lang = other.name.split(".")[1].split("-")[0]
+        if other.suffix == ".eng" or lang == "eng":
+            continue
+        eng = other.with_suffix(".eng")
+        if not eng.is_file():
+            continue
+        xs = other.read_text(encoding="utf-8").splitlines()
+        es = eng.read_text(encoding="utf-8").splitlines()
+        pairs += [(lang, x.strip(), e.strip()) for x, e in zip(xs, es) if x.strip() and e.strip()]
+    return pairs
+
+
+def user_texts(spec: str) -> list[str]:
+    """A file (one text per line) or a corpus folder (its passages, cut into sentences)."""
+    path = Path(spec)
+    if path.is_file() and path.suffix.lower() not in (".jsonl", ".csv", ".md"):
+        return [t.strip() for t in path.read_text(encoding="utf-8", errors="replace").splitlines() if t.strip()]
+    import re
+
+    from vecplug.indexer.corpus import CorpusReader
+
+    reader = CorpusReader(path, lambda text: [(m.start(), m.end()) for m in re.finditer(r"\S+", text)])
+    out = []
+    for doc in reader.documents():
+        out += [s.strip() for s in re.split(r"(?<=[.!?。！？؟])\s+|\n+", doc.text) if 3 <= len(s.strip()) <= 300]
+    return out
+
+
+def build_examples(config: DistillConfig) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Student inputs and teacher target texts, aligned; plus a record of the data used."""
+    rng = random.Random(config.seed)
+    examples: list[tuple[str, str]] = []
+    record: dict[str, Any] = {}
+    if config.tatoeba:
+        pairs = tatoeba_pairs(Path(config.tatoeba))
+        rng.shuffle(pairs)
+        # each pair gives up to three examples; keep the texts under max_texts
+        pairs = pairs[: max(1, config.max_texts // 2)]
+        for _, x, e in pairs:
+            examples += [(x, x), (e, e), (x, e)]
+        record["tatoeba"] = {"folder": str(config.tatoeba), "pairs": len(pairs),
+                             "languages": len({p[0] for p in pairs})}
+    for spec in config.texts:
+        texts = user_texts(spec)
+        rng.shuffle(texts)
+        texts = texts[: config.max_texts]
+        examples += [(t, t) for t in texts]
+        record.setdefault("texts", []).append({"source": spec, "texts": len(texts)})
+    if not examples:
+        raise VecplugError("no training text: give --tatoeba DIR and/or --texts FILE_OR_FOLDER")
+    return [a for a, _ in examples], [b for _, b in examples], record
+
+
+# -- the loop --------------------------------------------------------------------------
+
+def _lr(step: int, total: int, base: float, warmup: float) -> float:
+    w = max(1, int(total * warmup))
+    if step < w:
+        return base * (step + 1) / w
+    return base * max(0.0, (total - step) / max(1, total - w))
+
+
+def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in asdict(config).items() if k != "checkpoint_every"},
+                        sort_keys=True).encode())
+    h.update(teacher_sum.encode())
+    for a, b in zip(inputs, targets):
+        h.update(a.encode() + b"\x00" + b.encode() + b"\x01")
+    return h.hexdigest()[:16]
+
+
+def distill(config: DistillConfig, out: Path, progress: bool = True, command: str | None = None,
+            log: Callable[[str], None] = lambda s: None, stop_after: int | None = None) -> DistillReport | None:
+    """Train a student of ``config.teacher`` and write it to ``out``.
+
+    Resumes from the checkpoint beside ``out`` when one from the same configuration and data
+    exists. ``stop_after`` ends this run after that many steps (checkpointed) and returns None:
+    a time box, and how the tests interrupt a run.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tqdm.auto import tqdm
+
+    from vecplug.indexer.encoder import TextEncoder
+    from vecplug.indexer.models import resolve_model, vecplug_home
+    from vecplug.indexer.student import make_student, pick_layers, save_student
+
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    teacher = TextEncoder(resolve_model(config.teacher))
+    inputs, targets, data_record = build_examples(config)
+    work = out.parent / f"{out.name}{WORK}"
+    work.mkdir(parents=True, exist_ok=True)
+    key = _fingerprint(config, inputs, targets, teacher.info.checksum)
+    prefix = teacher.info.query_prefix
+
+    # teacher targets: encoded once per teacher and text set, cached (plain .npy, no pickle);
+    # students of different sizes reuse them
+    uniq = sorted(set(targets))
+    h = hashlib.sha256(f"{teacher.info.checksum}|{prefix}|{config.max_length}".encode())
+    for t in uniq:
+        h.update(t.encode() + b"\x00")
+    cache = vecplug_home() / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    target_file = cache / f"teacher-targets-{h.hexdigest()[:16]}.npy"
+    if target_file.is_file():
+        table = np.load(target_file, allow_pickle=False)
+    else:
+        log(f"encoding {len(uniq)} target texts with the teacher")
+        table = teacher.encode(uniq, prefix, config.max_length, progress=progress, desc="teacher")
+        tmp_file = target_file.with_suffix(".tmp.npy")
+        np.save(tmp_file, table, allow_pickle=False)
+        tmp_file.replace(target_file)
+    index_of = {t: i for i, t in enumerate(uniq)}
+    target_ids = np.asarray([index_of[t] for t in targets], dtype=np.int64)
+    target_table = torch.from_numpy(table)
+    mean = target_table.mean(0)
+
+    layers = pick_layers(teacher.model.config.num_hidden_layers, config.layers, config.layer_choice)
+    student = make_student(teacher.model, layers)
+    student.eval()  # no dropout: this is regression onto fixed targets
+    params = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.01)
+    names = {id(p): n for n, p in student.named_parameters()}
+    input_ids = teacher.tokenize(inputs, prefix, config.max_length)
+    steps_per_epoch = math.ceil(len(inputs) / config.batch_size)
+    total = steps_per_epoch * config.epochs
+
+    step, losses = 0, []
+    state_file, ckpt_file, opt_file = work / "state.json", work / "student.safetensors", work / "optimizer.safetensors"
+    if state_file.is_file():
+        state = json.loads(state_file.read_text())
+        if state.get("key") == key and ckpt_file.is_file():
+            student.load_state_dict(load_file(str(ckpt_file)), strict=False)
+            saved = load_file(str(opt_file)) if opt_file.is_file() else {}
+            for p in params:
+                n = names[id(p)]
+                if f"{n}.exp_avg" in saved:
+                    optimizer.state[p] = {"step": saved[f"{n}.step"], "exp_avg": saved[f"{n}.exp_avg"],
+                                          "exp_avg_sq": saved[f"{n}.exp_avg_sq"]}
+            step, losses = int(state["step"]), list(state["losses"])
+            log(f"resuming at step {step} of {total}")
+
+    def checkpoint() -> None:
+        weights = {n: p.detach().contiguous() for n, p in student.named_parameters() if p.requires_grad}
+        save_file(weights, str(work / "student.tmp"))
+        opt = {}
+        for p in params:
+            st = optimizer.state.get(p)
+            if st:
+                n = names[id(p)]
+                opt.update({f"{n}.step": st["step"].reshape(1).float() if torch.is_tensor(st["step"])
+                            else torch.tensor([float(st["step"])]),
+                            f"{n}.exp_avg": st["exp_avg"].contiguous(), f"{n}.exp_avg_sq": st["exp_avg_sq"].contiguous()})
+        save_file(opt, str(work / "optimizer.tmp"))
+        (work / "student.tmp").replace(ckpt_file)
+        (work / "optimizer.tmp").replace(opt_file)
+        tmp = work / "state.tmp"
+        tmp.write_text(json.dumps({"key": key, "step": step, "losses": losses}))
+        tmp.replace(state_file)  # last: the state names a complete checkpoint
+
+    pad = teacher.pad_id
+    first_step = step
+    bar = tqdm(total=total, initial=step, desc=f"distilling {len(layers)} layers", disable=not progress)
+    while step < total:
+        epoch, within = divmod(step, steps_per_epoch)
+        order = np.random.default_rng(config.seed + epoch).permutation(len(inputs))
+        batch = order[within * config.batch_size:(within + 1) * config.batch_size]
+        longest = max(len(input_ids[i]) for i in batch)
+        ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for r, i in enumerate(batch):
+            ids[r, :len(input_ids[i])] = torch.tensor(input_ids[i])
+            mask[r, :len(input_ids[i])] = 1
+        hidden = student(input_ids=ids, attention_mask=mask).last_hidden_state
+        m = mask.unsqueeze(-1).float()
+        s = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1), dim=-1)
+        t = target_table[torch.from_numpy(target_ids[batch])]
+        loss = ((s - t) ** 2).sum(-1).mean()
+        if config.centered_weight:
+            sc = torch.nn.functional.normalize(s - mean, dim=-1)
+            tc = torch.nn.functional.normalize(t - mean, dim=-1)
+            loss = loss + config.centered_weight * ((sc - tc) ** 2).sum(-1).mean()
+        for g in optimizer.param_groups:
+            g["lr"] = _lr(step, total, config.learning_rate, config.warmup)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        losses.append(round(loss.item(), 6))
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+        if stop_after is not None and step - first_step >= stop_after and step < total:
+            checkpoint()
+            bar.close()
+            return None
+        if step % config.checkpoint_every == 0 and step < total:
+            checkpoint()
+    bar.close()
+
+    seconds = time.perf_counter() - started
+    meta = {
+        "kind": "vecplug query student",
+        "teacher": config.teacher,
+        "teacher_checksum": teacher.info.checksum,
+        "layers": layers,
+        "query_prefix": teacher.info.query_prefix,
+        "document_prefix": teacher.info.document_prefix,
+        "default_for": config.default_for,
+        "training": {
+            "command": command or " ".join(sys.argv),
+            "config": asdict(config),
+            "data": data_record,
+            "examples": len(inputs),
+            "steps": step,
+            "final_loss": float(np.mean(losses[-50:])) if losses else None,
+            "seconds": round(seconds, 1),
+        },
+    }
+    save_student(student, out, meta)
+    shutil.rmtree(work, ignore_errors=True)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    return DistillReport(out, step, seconds, meta["training"]["final_loss"] or 0.0, len(inputs), size, losses)
+

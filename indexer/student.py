@@ -1,0 +1,177 @@
+"""Query students: small encoders distilled from a document encoder (the teacher).
+
+A student is the teacher's embeddings plus a subset of its layers, trained so that its query
+vectors match the teacher's. The vocabulary table (250k x 384 for me5-small) is most of a
+multilingual encoder's size; a student shares it with its teacher, frozen, so a student folder
+holds only what differs::
+
+    config.json          the student's transformer config (fewer layers)
+    student.safetensors  every weight except the shared word-embedding table
+    student.json         teacher spec and checksum, chosen layers, prefixes, training record
+
+Loading a student loads the table from its teacher and refuses a teacher whose checksum
+differs from the one recorded.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vecplug.errors import ModelError, ModelMismatchError
+
+STUDENT_META = "student.json"
+STUDENT_WEIGHTS = "student.safetensors"
+SHARED_KEY = "embeddings.word_embeddings.weight"
+
+
+def is_student_folder(folder: Path) -> bool:
+    return (folder / STUDENT_META).is_file() and (folder / STUDENT_WEIGHTS).is_file()
+
+
+def read_student_meta(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / STUDENT_META).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{folder / STUDENT_META} is unreadable: {exc}") from exc
+
+
+def pick_layers(n_teacher: int, k: int, how: str = "spread") -> list[int]:
+    """Which teacher layers initialise a k-layer student.
+
+    ``first``: layers 0..k-1. ``spread``: evenly spaced from the first to the last layer
+    (e.g. 0, 6, 11 of 12), which keeps the teacher's top layer, whose output space the
+    student must match; measured far better than the first k layers for me5-small.
+    """
+    if not 1 <= k <= n_teacher:
+        raise ModelError(f"a student needs between 1 and {n_teacher} layers, not {k}")
+    if how == "first":
+        return list(range(k))
+    if how == "spread":
+        if k == 1:
+            return [n_teacher - 1]
+        return sorted({round(i * (n_teacher - 1) / (k - 1)) for i in range(k)})
+    raise ModelError(f"unknown layer choice '{how}' (first or spread)")
+
+
+def _encoder_layers(model: Any) -> Any:
+    """The ModuleList of transformer layers (BERT/XLM-R style ``encoder.layer``)."""
+    try:
+        return model.encoder.layer
+    except AttributeError:
+        raise ModelError(f"cannot find the layers of a {type(model).__name__}; "
+                         "students are supported for BERT-style encoders") from None
+
+
+def make_student(teacher: Any, layers: list[int]) -> Any:
+    """A new model with the teacher's embeddings (word table shared and frozen) and ``layers``."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(teacher.config)
+    config.num_hidden_layers = len(layers)
+    student = type(teacher)(config, add_pooling_layer=False) if _takes_pooler(teacher) else type(teacher)(config)
+    state = teacher.state_dict()
+    new_state = {}
+    for key, value in state.items():
+        if key.startswith("encoder.layer."):
+            parts = key.split(".")
+            src = int(parts[2])
+            if src in layers:
+                parts[2] = str(layers.index(src))
+                new_state[".".join(parts)] = value.clone()
+        elif not key.startswith("pooler."):
+            new_state[key] = value.clone()
+    missing, unexpected = student.load_state_dict(new_state, strict=False)
+    if [m for m in missing if not m.startswith("pooler.")] or unexpected:
+        raise ModelError(f"could not initialise the student: missing {missing}, unexpected {unexpected}")
+    # share, do not copy, the vocabulary table
+    student.get_input_embeddings().weight = teacher.get_input_embeddings().weight
+    student.get_input_embeddings().weight.requires_grad_(False)
+    student.train()
+    torch.manual_seed(0)
+    return student
+
+
+def _takes_pooler(model: Any) -> bool:
+    import inspect
+
+    return "add_pooling_layer" in inspect.signature(type(model).__init__).parameters
+
+
+def save_student(student: Any, folder: Path, meta: dict[str, Any]) -> None:
+    """Write the student folder atomically (temporary folder, then rename)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
+    try:
+        state = {k: v.detach().contiguous() for k, v in student.state_dict().items()
+                 if k != SHARED_KEY and not k.startswith("pooler.")}
+        save_file(state, str(tmp / STUDENT_WEIGHTS), metadata={"format": "pt"})
+        student.config.to_json_file(str(tmp / "config.json"))
+        from vecplug.indexer.me5 import file_sha256
+
+        meta = {**meta, "weights_sha256": file_sha256(tmp / STUDENT_WEIGHTS)}
+        (tmp / STUDENT_META).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_teacher_embeddings(teacher_path: Path) -> Any:
+    """Only the word-embedding table of a teacher folder (no full model load when it is safetensors)."""
+    import torch
+
+    files = sorted(teacher_path.glob("*.safetensors"))
+    if files:
+        from safetensors import safe_open
+
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    if key == SHARED_KEY or key.endswith("." + SHARED_KEY):
+                        return fh.get_tensor(key)
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(teacher_path), trust_remote_code=False)
+    return model.get_input_embeddings().weight.detach().clone().to(torch.float32)
+
+
+def load_student(folder: Path, teacher_path: Path, teacher_checksum: str,
+                 embeddings: Any = None) -> Any:
+    """Load a student, its vocabulary table taken from the teacher at ``teacher_path``.
+
+    ``embeddings`` (the teacher's table, already in memory) is shared instead of loaded again.
+    """
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel
+
+    meta = read_student_meta(folder)
+    if meta.get("teacher_checksum") != teacher_checksum:
+        raise ModelMismatchError(
+            f"student {folder} was distilled from {meta.get('teacher')} "
+            f"({meta.get('teacher_checksum')}), but the teacher found is {teacher_path} ({teacher_checksum})")
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    try:
+        model = AutoModel.from_config(config, add_pooling_layer=False)
+    except TypeError:
+        model = AutoModel.from_config(config)
+    state = load_file(str(folder / STUDENT_WEIGHTS))
+    table = embeddings if embeddings is not None else load_teacher_embeddings(teacher_path)
+    if tuple(table.shape) != tuple(model.get_input_embeddings().weight.shape):
+        raise ModelMismatchError(f"the teacher's vocabulary table has shape {tuple(table.shape)}, "
+                                 f"student {folder} expects {tuple(model.get_input_embeddings().weight.shape)}")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if [m for m in missing if m != SHARED_KEY and not m.startswith("pooler.")] or unexpected:
+        raise ModelError(f"{folder}: weights do not fit the config (missing {missing}, unexpected {unexpected})")
+    model.get_input_embeddings().weight = torch.nn.Parameter(table, requires_grad=False)
+    model.eval()
+    return model

@@ -1,0 +1,126 @@
+"""Query students: construction, sharing the teacher's table, training, resuming, refusing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TINY_TEXT
+from vecplug.errors import ModelMismatchError
+from vecplug.indexer.distill import DistillConfig, distill
+from vecplug.indexer.student import SHARED_KEY, make_student, pick_layers
+
+
+def test_pick_layers() -> None:
+    assert pick_layers(12, 3) == [0, 6, 11]
+    assert pick_layers(12, 2) == [0, 11]
+    assert pick_layers(12, 4) == [0, 4, 7, 11]
+    assert pick_layers(12, 6) == [0, 2, 4, 7, 9, 11]
+    assert pick_layers(12, 3, "first") == [0, 1, 2]
+    assert pick_layers(2, 1) == [1]
+
+
+def test_student_shares_the_frozen_table(tiny_model: Path) -> None:
+    from transformers import AutoModel
+
+    teacher = AutoModel.from_pretrained(str(tiny_model))
+    student = make_student(teacher, [1])
+    assert student.config.num_hidden_layers == 1
+    table = student.get_input_embeddings().weight
+    assert table.data_ptr() == teacher.get_input_embeddings().weight.data_ptr()
+    assert not table.requires_grad
+    # the kept layer is a copy of the teacher's second layer
+    a = student.encoder.layer[0].attention.self.query.weight
+    b = teacher.encoder.layer[1].attention.self.query.weight
+    assert a.data_ptr() != b.data_ptr() and bool((a == b).all())
+
+
+@pytest.fixture
+def texts_file(tmp_path: Path) -> Path:
+    f = tmp_path / "queries.txt"
+    f.write_text("\n".join(TINY_TEXT * 4) + "\n")
+    return f
+
+
+def config(teacher: Path, texts: Path, **kw: object) -> DistillConfig:
+    base = dict(teacher=str(teacher), layers=1, texts=(str(texts),), epochs=6, batch_size=8,
+                learning_rate=1e-3, checkpoint_every=3, seed=0)
+    base.update(kw)
+    return DistillConfig(**base)  # type: ignore[arg-type]
+
+
+def test_distill_learns_and_writes_a_small_artifact(tiny_model: Path, texts_file: Path, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    out = tmp_path / "student"
+    report = distill(config(tiny_model, texts_file), out, progress=False, command="test")
+    assert report is not None and report.steps == 6 * 6
+    assert np.mean(report.losses[-6:]) < 0.5 * np.mean(report.losses[:6])
+    with safe_open(str(out / "student.safetensors"), framework="pt") as fh:
+        assert SHARED_KEY not in fh.keys()
+    teacher_bytes = (tiny_model / "model.safetensors").stat().st_size
+    assert (out / "student.safetensors").stat().st_size < 0.6 * teacher_bytes
+    meta = json.loads((out / "student.json").read_text())
+    assert meta["layers"] == [1] and meta["training"]["command"] == "test"
+    assert meta["training"]["data"]["texts"][0]["texts"] == len(TINY_TEXT) * 4
+    assert not (tmp_path / "student.distill-work").exists()  # checkpoints cleaned up
+
+    # the student encodes queries into the teacher's space, better than an untrained one
+    from vecplug.indexer.encoder import Encoder
+
+    enc = Encoder.from_specs(str(tiny_model), str(out))
+    teacher_q = enc.document.encode(TINY_TEXT, "", 64)
+    student_q = enc.encode_queries(TINY_TEXT)
+    assert float((teacher_q * student_q).sum(1).mean()) > 0.9
+    assert enc.query.model.get_input_embeddings().weight.data_ptr() == \
+        enc.document.model.get_input_embeddings().weight.data_ptr()  # one table in memory
+
+
+def test_resume_equals_one_run(tiny_model: Path, texts_file: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    cfg = config(tiny_model, texts_file, epochs=2)
+    distill(cfg, tmp_path / "once", progress=False)
+    assert distill(cfg, tmp_path / "twice", progress=False, stop_after=5) is None
+    assert (tmp_path / "twice.distill-work" / "state.json").is_file()
+    assert distill(cfg, tmp_path / "twice", progress=False, stop_after=4) is None
+    report = distill(cfg, tmp_path / "twice", progress=False)
+    assert report is not None and report.steps == 12
+    a = load_file(str(tmp_path / "once" / "student.safetensors"))
+    b = load_file(str(tmp_path / "twice" / "student.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), atol=1e-6, err_msg=k)
+
+
+def test_student_of_another_teacher_is_refused(tiny_model: Path, other_tiny_model: Path,
+                                               texts_file: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+
+    student = tmp_path / "student-of-other"
+    distill(config(other_tiny_model, texts_file, epochs=1), student, progress=False)
+    own = tmp_path / "student-of-tiny"
+    distill(config(tiny_model, texts_file, epochs=1), own, progress=False)
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("water boils at one hundred degrees")
+    runner = CliRunner()
+    out = runner.invoke(cli, ["index", str(corpus), "--model", str(tiny_model), "-q"])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(cli, ["search", "water", "--query-encoder", str(student)])
+    assert out.exit_code != 0 and "distilled from" in out.output
+    assert str(student) in out.output and str(tiny_model) in out.output
+    out = runner.invoke(cli, ["search", "water", "--query-encoder", str(own), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["hits"][0]["source"] == "a.txt"
+    # loading the student against a teacher with another checksum is refused too
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.student import load_student
+
+    other = resolve_model(str(other_tiny_model))
+    with pytest.raises(ModelMismatchError, match="distilled from"):
+        load_student(own, other.path, other.checksum)

@@ -1,0 +1,106 @@
+"""The query-side plugin: vecplug's encoders inside LangChain, LlamaIndex and qdrant-client."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TINY_TEXT
+from vecplug.errors import MissingDependencyError
+
+DOCS = ["water boils at one hundred degrees", "der schnelle braune fuchs springt über den faulen hund",
+        "вода кипит при ста градусах", "敏捷的棕色狐狸跳过了懒狗"]
+
+
+@pytest.fixture(scope="module")
+def tiny_student(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vecplug.indexer.distill import DistillConfig, distill
+
+    texts = tmp_path_factory.mktemp("distill") / "texts.txt"
+    texts.write_text("\n".join(TINY_TEXT * 4))
+    out = texts.parent / "student"
+    distill(DistillConfig(teacher=str(tiny_model), layers=1, texts=(str(texts),), epochs=3,
+                          batch_size=8, learning_rate=1e-3), out, progress=False)
+    return out
+
+
+def test_query_and_document_encoders(tiny_model: Path, tiny_student: Path) -> None:
+    import vecplug
+
+    q = vecplug.QueryEncoder(str(tiny_student))
+    assert q.describe()["document_encoder"] == str(tiny_model)  # its teacher, found from the student
+    d = q.document_encoder()
+    assert d.encoder is q.encoder and d.dim == q.dim == 32
+    qv, dv = q.encode(["water boils"]), d.encode(["water boils"])
+    assert qv.shape == dv.shape == (1, 32)
+    assert not np.allclose(qv, dv)  # student vs teacher
+
+
+def test_langchain(tiny_model: Path, tiny_student: Path) -> None:
+    pytest.importorskip("langchain_core")
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from vecplug.adapters.integrations import load_integration
+
+    cls = load_integration("langchain")
+    emb = cls(document=str(tiny_model), query=str(tiny_student))
+    np.testing.assert_allclose(emb.embed_query("water"), emb.encoder.encode_queries(["water"])[0], atol=1e-6)
+    np.testing.assert_allclose(emb.embed_documents(["water"])[0],
+                               emb.encoder.encode_documents(["water"])[0], atol=1e-6)
+    store = InMemoryVectorStore(emb)
+    store.add_texts(DOCS)
+    found = store.similarity_search(DOCS[2], k=1)
+    assert found[0].page_content == DOCS[2]
+
+
+def test_llamaindex(tiny_model: Path, tiny_student: Path) -> None:
+    pytest.importorskip("llama_index.core")
+    from llama_index.core import Document, VectorStoreIndex
+
+    from vecplug.adapters.integrations import load_integration
+
+    cls = load_integration("llamaindex")
+    emb = cls(document=str(tiny_model), query=str(tiny_student))
+    np.testing.assert_allclose(emb.get_query_embedding("water"), emb._encoder.encode_queries(["water"])[0], atol=1e-6)
+    np.testing.assert_allclose(emb.get_text_embedding("water"), emb._encoder.encode_documents(["water"])[0], atol=1e-6)
+    index = VectorStoreIndex.from_documents([Document(text=t) for t in DOCS], embed_model=emb)
+    nodes = index.as_retriever(similarity_top_k=4).retrieve(DOCS[1])
+    assert len(nodes) == 4 and {n.node.get_content() for n in nodes} == set(DOCS)
+
+
+def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug import Document
+    from vecplug.adapters.integrations import load_integration
+    from vecplug.adapters.stores.qdrant import QdrantStore
+    from vecplug.api import Index
+    from vecplug.config import load_settings
+
+    client = qdrant_client.QdrantClient(location=":memory:")  # stands in for the user's server
+    settings = load_settings(overrides={"model": {"document": str(tiny_model), "query": str(tiny_student)}})
+    writer = Index(settings, None, True)
+    writer.store = QdrantStore.create("client://", 32, writer._new_manifest(),
+                                      {"client": client, "collection": "docs"})
+    writer.add_documents([Document(f"d{i}", t, "docs", i, lang) for i, (t, lang)
+                          in enumerate(zip(DOCS, ["en", "de", "ru", "zh"]))])
+    writer.close()
+
+    searcher = load_integration("qdrant")(client, "docs")
+    assert searcher.encoder.describe()["query_encoder"] == str(tiny_student)  # from the manifest
+    result = searcher.search("вода кипит", k=4)
+    assert len(result) == 4
+    mono = searcher.search("вода кипит", k=4, mode="mono", lang="ru")
+    assert [h.id for h in mono] == ["d2"]
+    assert len(searcher.embed_query("water")) == 32
+    searcher.close()
+    assert client.collection_exists("docs")  # the caller's client is left open
+
+
+def test_missing_framework_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vecplug.adapters.integrations import load_integration
+
+    monkeypatch.setitem(sys.modules, "langchain_core", None)  # import fails
+    with pytest.raises(MissingDependencyError, match=r"pip install 'vecplug\[langchain\]'"):
+        load_integration("langchain")
