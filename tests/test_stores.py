@@ -62,6 +62,9 @@ def test_roundtrip(target: tuple[type, str, dict[str, Any]]) -> None:
         assert store.manifest["note"] == "first" and store.manifest["document_encoder"] == "x"
         assert store.count() == 60
         assert sorted(store.ids()) == sorted(r.id for r in recs)
+        np.testing.assert_allclose(store.vectors([recs[5].id, recs[1].id]), vecs[[5, 1]], atol=1e-5)
+        with pytest.raises(KeyError):
+            store.vectors(["missing"])
         got = store.get([recs[5].id, "missing", recs[1].id])
         assert got == [recs[5], recs[1]]
         langs = store.languages()

@@ -94,6 +94,10 @@ class VectorStore(ABC):
         """Records for the ids that exist, in the order asked."""
 
     @abstractmethod
+    def vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored vectors of ``ids`` as an (n, dim) array, in the order asked; every id must exist."""
+
+    @abstractmethod
     def ids(self) -> Iterator[str]:
         """Every id in the index."""
 

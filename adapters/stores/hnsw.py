@@ -86,6 +86,7 @@ class HnswStore(VectorStore):
         self._next_label = int(commit_meta["next_label"])
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
+        self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | None]] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -218,6 +219,18 @@ class HnswStore(VectorStore):
             found.update((r.id, r) for _, r in self._records(f"id IN ({marks})", part))
         return [found[i] for i in ids if i in found]
 
+    def vectors(self, ids: Sequence[str]) -> np.ndarray:
+        labels = []
+        for rid in ids:
+            row = self._db.execute("SELECT label FROM records WHERE id = ?", (rid,)).fetchone()
+            if row is None:
+                raise KeyError(rid)
+            labels.append(row[0])
+        if not labels:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._mutex:
+            return np.asarray(self._index.get_items(labels, return_type="numpy"), dtype=np.float32)
+
     def ids(self) -> Iterator[str]:
         for (rid,) in self._db.execute("SELECT id FROM records ORDER BY label"):
             yield rid
@@ -239,14 +252,17 @@ class HnswStore(VectorStore):
             if self._index is None or k <= 0:
                 return []
             if langs:
-                marks = ",".join("?" * len(langs))
-                labels = [r[0] for r in self._db.execute(
-                    f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks})", list(langs))]
-                if not labels:
+                key = tuple(sorted(set(langs)))
+                if key not in self._filter_cache:
+                    self._filter_cache[key] = self._filter_candidates(key)
+                labels, vecs = self._filter_cache[key]
+                if not len(labels):
                     return []
-                if len(labels) <= EXACT_FILTER_LIMIT:
-                    return self._exact(vector[0], np.asarray(labels, dtype=np.int64), k)
-                allowed = set(labels)
+                if vecs is not None:
+                    scores = vecs @ vector[0]
+                    top = np.argsort(-scores)[:k]
+                    return self._hits([(int(labels[i]), float(scores[i])) for i in top])
+                allowed = set(labels.tolist())
                 pairs = self._knn(vector, min(k, len(labels)), lambda label: label in allowed)
             else:
                 pairs = self._knn(vector, k, None)
@@ -267,11 +283,20 @@ class HnswStore(VectorStore):
                     return []
                 k = max(1, k // 2)
 
-    def _exact(self, vector: np.ndarray, labels: np.ndarray, k: int) -> list[StoreHit]:
+    def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Labels of the records in ``langs``, with their vectors when few enough for exact search.
+
+        Cached per language set until the next write: a filtered query then costs one
+        matrix-vector product instead of a database scan and a copy out of the graph.
+        """
+        marks = ",".join("?" * len(langs))
+        labels = np.asarray([r[0] for r in self._db.execute(
+            f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks})", list(langs))],
+            dtype=np.int64)
+        if not len(labels) or len(labels) > EXACT_FILTER_LIMIT:
+            return labels, None
         vecs = np.asarray(self._index.get_items(labels, return_type="numpy"), dtype=np.float32)
-        scores = vecs @ vector
-        top = np.argsort(-scores)[:k]
-        return self._hits([(int(labels[i]), float(scores[i])) for i in top])
+        return labels, vecs
 
     def _hits(self, pairs: list[tuple[int, float]]) -> list[StoreHit]:
         if not pairs:
@@ -328,6 +353,7 @@ class HnswStore(VectorStore):
                     pass
             self._index.add_items(vectors, labels_arr)
             self._dirty = True
+            self._filter_cache.clear()
 
     def delete(self, ids: Sequence[str]) -> None:
         self._check_writable()
@@ -337,6 +363,7 @@ class HnswStore(VectorStore):
                 if row is None:
                     continue
                 self._db.execute("DELETE FROM records WHERE label = ?", (row[0],))
+                self._filter_cache.clear()
                 if self._index is not None:
                     try:
                         self._index.mark_deleted(int(row[0]))

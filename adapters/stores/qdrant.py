@@ -67,6 +67,13 @@ def _to_record(p: dict[str, Any]) -> Record:
                   None if lang in (None, UND) else lang, dict(p.get("payload") or {}))
 
 
+def _dense(vector: Any) -> list[float]:
+    """A point's vector as a list: the default unnamed vector, however the client wraps it."""
+    if isinstance(vector, dict):
+        vector = vector.get("") if "" in vector else next(iter(vector.values()))
+    return list(getattr(vector, "data", vector))
+
+
 def _is_server(location: str, options: dict[str, Any]) -> bool:
     return options.get("client") is not None or location.startswith(("http://", "https://"))
 
@@ -157,6 +164,10 @@ class _Server:
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
         return [p.payload or {} for p in _retry(self.client.retrieve, self.name, ids)]
+
+    def retrieve_vectors(self, ids: list[str]) -> dict[str, list[float]]:
+        points = _retry(self.client.retrieve, self.name, ids, with_payload=["_id"], with_vectors=True)
+        return {(p.payload or {})["_id"]: p.vector for p in points}
 
     def scroll_ids(self) -> Iterator[str]:
         return _scroll(lambda off: _retry(self.client.scroll, self.name, limit=1000, offset=off,
@@ -271,6 +282,9 @@ class _Edge:
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
         # with_payload/with_vector are required positionals, although the .pyi says optional
         return [p.payload or {} for p in self.shard.retrieve(ids, True, False)]
+
+    def retrieve_vectors(self, ids: list[str]) -> dict[str, list[float]]:
+        return {(p.payload or {})["_id"]: p.vector for p in self.shard.retrieve(ids, True, True)}
 
     def scroll_ids(self) -> Iterator[str]:
         return _scroll(lambda off: self.shard.scroll(self.q.ScrollRequest(
@@ -396,6 +410,16 @@ class QdrantStore(VectorStore):
             found.update((p["_id"], _to_record(p))
                          for p in b.retrieve([_point_id(i) for i in uniq[a:a + 1000]]))
         return [found[i] for i in ids if i in found]
+
+    def vectors(self, ids: Sequence[str]) -> np.ndarray:
+        b, found = self._live(), {}
+        uniq = list(dict.fromkeys(ids))
+        for a in range(0, len(uniq), 1000):
+            found.update(b.retrieve_vectors([_point_id(i) for i in uniq[a:a + 1000]]))
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise KeyError(missing[0])
+        return np.asarray([_dense(found[i]) for i in ids], dtype=np.float32).reshape(len(ids), self._dim)
 
     def ids(self) -> Iterator[str]:
         return self._live().scroll_ids()
