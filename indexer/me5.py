@@ -17,7 +17,6 @@ We dequantize it into a standard Hugging Face folder (``config.json``,
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import unicodedata
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.errors import MissingDependencyError, ModelError
+from vecplug.indexer.checksums import file_sha256, weights_sha256
 
 MAGIC = b"E5S1"
 Q4_BLOCK = 32
@@ -247,7 +247,7 @@ def write_hf_folder(f: E5File, folder: Path, source_sha256: str) -> dict[str, An
         "model_max_length": f.config["max_position_embeddings"],
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    weights_sha = file_sha256(folder / "model.safetensors")
+    weights_sha = weights_sha256(folder / "model.safetensors")
     meta = {
         "name": "me5-small",
         "base_model": "intfloat/multilingual-e5-small",
@@ -261,14 +261,6 @@ def write_hf_folder(f: E5File, folder: Path, source_sha256: str) -> dict[str, An
     }
     (folder / "vecplug.json").write_text(json.dumps(meta, indent=2))
     return meta
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def build_me5_small(folder: Path) -> dict[str, Any]:

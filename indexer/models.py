@@ -184,7 +184,7 @@ def folder_checksum(folder: Path) -> str:
     meta = _read_meta(folder)
     if meta.get("weights_sha256"):
         return str(meta["weights_sha256"])
-    from vecplug.indexer.me5 import file_sha256
+    from vecplug.indexer.checksums import weights_sha256
 
     weights = sorted(p for p in folder.iterdir()
                      if p.suffix in (".safetensors", ".bin") and p.is_file())
@@ -200,7 +200,7 @@ def folder_checksum(folder: Path) -> str:
         st = w.stat()
         key = f"{w.resolve()}|{st.st_size}|{st.st_mtime_ns}"
         if key not in cache:
-            cache[key] = file_sha256(w)
+            cache[key] = weights_sha256(w)
         parts.append(cache[key])
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)

