@@ -50,6 +50,9 @@ class DistillConfig:
     texts: tuple[str, ...] = ()
     #: register the student as the default query encoder of its teacher
     default_for: str | None = None
+    #: a lower dimension (e.g. 128): documents are projected by PCA of the teacher's vectors,
+    #: and the student learns a head into that space
+    dim: int | None = None
 
 
 @dataclass
@@ -155,7 +158,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
 
     from vecplug.indexer.encoder import TextEncoder
     from vecplug.indexer.models import resolve_model, vecplug_home
-    from vecplug.indexer.student import make_student, pick_layers, save_student
+    from vecplug.indexer.student import make_head, make_student, pca, pick_layers, save_student
 
     started = time.perf_counter()
     torch.manual_seed(config.seed)
@@ -191,9 +194,19 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     layers = pick_layers(teacher.model.config.num_hidden_layers, config.layers, config.layer_choice)
     student = make_student(teacher.model, layers)
     student.eval()  # no dropout: this is regression onto fixed targets
-    params = [p for p in student.parameters() if p.requires_grad]
+    modules = torch.nn.ModuleDict({"student": student})
+    projection = None
+    if config.dim:
+        if not 1 <= config.dim < target_table.shape[1]:
+            raise VecplugError(f"--dim must be between 1 and {target_table.shape[1] - 1}")
+        # documents will be mapped by this PCA; the student learns its own head into the space
+        pca_mean, components = pca(target_table, config.dim)
+        modules["head"] = make_head(pca_mean, components)
+        target_table = torch.nn.functional.normalize((target_table - pca_mean) @ components, dim=-1)
+        projection = (pca_mean, components)
+    params = [p for p in modules.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.01)
-    names = {id(p): n for n, p in student.named_parameters()}
+    names = {id(p): n for n, p in modules.named_parameters()}
     input_ids = teacher.tokenize(inputs, prefix, config.max_length)
     steps_per_epoch = math.ceil(len(inputs) / config.batch_size)
     total = steps_per_epoch * config.epochs
@@ -203,7 +216,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     if state_file.is_file():
         state = json.loads(state_file.read_text())
         if state.get("key") == key and ckpt_file.is_file():
-            student.load_state_dict(load_file(str(ckpt_file)), strict=False)
+            modules.load_state_dict(load_file(str(ckpt_file)), strict=False)
             saved = load_file(str(opt_file)) if opt_file.is_file() else {}
             for p in params:
                 n = names[id(p)]
@@ -214,7 +227,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
             log(f"resuming at step {step} of {total}")
 
     def checkpoint() -> None:
-        weights = {n: p.detach().contiguous() for n, p in student.named_parameters() if p.requires_grad}
+        weights = {n: p.detach().contiguous() for n, p in modules.named_parameters() if p.requires_grad}
         save_file(weights, str(work / "student.tmp"))
         opt = {}
         for p in params:
@@ -246,10 +259,13 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
             mask[r, :len(input_ids[i])] = 1
         hidden = student(input_ids=ids, attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).float()
-        s = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1), dim=-1)
+        pooled = (hidden * m).sum(1) / m.sum(1)
+        if projection is not None:
+            pooled = modules["head"](pooled)
+        s = torch.nn.functional.normalize(pooled, dim=-1)
         t = target_table[torch.from_numpy(target_ids[batch])]
         loss = ((s - t) ** 2).sum(-1).mean()
-        if config.centered_weight:
+        if config.centered_weight and projection is None:  # a PCA space is centred already
             sc = torch.nn.functional.normalize(s - mean, dim=-1)
             tc = torch.nn.functional.normalize(t - mean, dim=-1)
             loss = loss + config.centered_weight * ((sc - tc) ** 2).sum(-1).mean()
@@ -290,7 +306,8 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
             "seconds": round(seconds, 1),
         },
     }
-    save_student(student, out, meta)
+    save_student(student, out, meta,
+                 (projection[0], projection[1], modules["head"]) if projection is not None else None)
     shutil.rmtree(work, ignore_errors=True)
     size = sum(f.stat().st_size for f in out.iterdir())
     return DistillReport(out, step, seconds, meta["training"]["final_loss"] or 0.0, len(inputs), size, losses)

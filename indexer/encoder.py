@@ -34,13 +34,16 @@ class TextEncoder:
     """One transformer with its tokenizer; ``encode`` returns unit vectors (float32)."""
 
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
-                 threads: int | None = None, shared_embeddings: Any = None) -> None:
+                 threads: int | None = None, shared_embeddings: Any = None,
+                 post: Any = None) -> None:
         import torch
         import transformers
         from transformers import AutoModel, AutoTokenizer
 
         self.info = info
         self.batch_tokens = batch_tokens
+        #: applied to mean-pooled vectors before normalisation (a projection to fewer dimensions)
+        self.post = post
         if threads:
             torch.set_num_threads(threads)
         verbosity = transformers.logging.get_verbosity()
@@ -66,6 +69,7 @@ class TextEncoder:
                 transformers.utils.logging.enable_progress_bar()
         self.model.eval()
         self.dim = int(self.model.config.hidden_size)
+        self.out_dim = int(getattr(post, "out_dim", self.dim))
         self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.tokens_seen = 0
@@ -83,7 +87,7 @@ class TextEncoder:
         import torch
         from tqdm.auto import tqdm
 
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        out = np.zeros((len(texts), self.out_dim), dtype=np.float32)
         if not texts:
             return out
         ids = self.tokenize(texts, prefix, max_length)
@@ -106,6 +110,8 @@ class TextEncoder:
                 hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
                 m = mask.unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+                if self.post is not None:
+                    pooled = self.post(pooled)
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
                 out[batch] = pooled.float().numpy()
                 self.tokens_seen += int(mask.sum())
@@ -137,13 +143,14 @@ class Encoder:
         self._document: TextEncoder | None = None
         self._query: TextEncoder | None = None
         self.batch_tokens, self.threads = batch_tokens, threads
-        self.dim = _hidden_size(document)
-        if _hidden_size(self.query_info) != self.dim:
+        self.projection = _projection_of(self.query_info)
+        self.dim = int(self.projection["components"].shape[1]) if self.projection else _hidden_size(document)
+        if _hidden_size(self.query_info) != _hidden_size(document):
             from vecplug.errors import ModelMismatchError
 
             raise ModelMismatchError(
                 f"query encoder {self.query_info.spec} has dimension {_hidden_size(self.query_info)}, "
-                f"document encoder {document.spec} has {self.dim}")
+                f"document encoder {document.spec} has {_hidden_size(document)}")
         self.query_max_length = query_max_length
         self.document_max_length = document_max_length
         self.query_prefix = self.query_info.query_prefix if query_prefix is None else query_prefix
@@ -161,7 +168,8 @@ class Encoder:
             if self.query_info is self.document_info and self._query is not None:
                 self._document = self._query
             else:
-                self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads)
+                self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
+                                             post=_pca_map(self.projection) if self.projection else None)
         return self._document
 
     @property
@@ -176,7 +184,8 @@ class Encoder:
                         and teacher.checksum == self.document_info.checksum):
                     # the student shares the loaded teacher's vocabulary table
                     shared = self._document.model.get_input_embeddings().weight.detach()
-                self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared)
+                self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
+                                          post=_head_map(self.projection) if self.projection else None)
         return self._query
 
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
@@ -197,6 +206,8 @@ class Encoder:
             "query_encoder_checksum": q.checksum,
             "query_encoder_teacher_checksum": q.teacher.checksum if q.teacher else q.checksum,
             "dim": self.dim,
+            "projection": ({"by": q.spec, "checksum": self.projection["checksum"], "dim": self.dim}
+                           if self.projection else None),
             "pooling": "mean",
             "normalize": True,
             "query_prefix": self.query_prefix,
@@ -216,3 +227,41 @@ def _hidden_size(info: ModelInfo) -> int:
 
         raise ModelError(f"{info.path}/config.json names no hidden size")
     return int(size)
+
+
+def _projection_of(info: ModelInfo) -> dict[str, Any] | None:
+    """A lower-dimension student's projection (with its checksum), else None."""
+    if info.teacher is None:
+        return None
+    from vecplug.indexer.checksums import weights_sha256
+    from vecplug.indexer.student import PROJECTION, load_projection
+
+    tensors = load_projection(info.path)
+    if tensors is None:
+        return None
+    return {**tensors, "checksum": weights_sha256(info.path / PROJECTION)}
+
+
+class _pca_map:
+    """Documents: unit vector -> minus the mean -> the PCA directions (then normalised)."""
+
+    def __init__(self, projection: dict[str, Any]) -> None:
+        self.mean, self.components = projection["mean"], projection["components"]
+        self.out_dim = int(self.components.shape[1])
+
+    def __call__(self, pooled: Any) -> Any:
+        import torch
+
+        return (torch.nn.functional.normalize(pooled, dim=-1) - self.mean) @ self.components
+
+
+class _head_map(_pca_map):
+    """Queries: the student's trained head (initialised from the same PCA)."""
+
+    def __init__(self, projection: dict[str, Any]) -> None:
+        self.mean, self.components = projection["mean"], projection["head.weight"]
+        self.bias = projection["head.bias"]
+        self.out_dim = int(self.components.shape[1])
+
+    def __call__(self, pooled: Any) -> Any:
+        return super().__call__(pooled) + self.bias

@@ -24,6 +24,8 @@ from vecplug.errors import ModelError, ModelMismatchError
 
 STUDENT_META = "student.json"
 STUDENT_WEIGHTS = "student.safetensors"
+#: optional lower dimension: the documents' PCA (mean, components) and the student's head
+PROJECTION = "projection.safetensors"
 SHARED_KEY = "embeddings.word_embeddings.weight"
 
 
@@ -102,8 +104,10 @@ def _takes_pooler(model: Any) -> bool:
     return "add_pooling_layer" in inspect.signature(type(model).__init__).parameters
 
 
-def save_student(student: Any, folder: Path, meta: dict[str, Any]) -> None:
-    """Write the student folder atomically (temporary folder, then rename)."""
+def save_student(student: Any, folder: Path, meta: dict[str, Any],
+                 projection: tuple[Any, Any, Any] | None = None) -> None:
+    """Write the student folder atomically (temporary folder, then rename); ``projection`` is
+    (mean, components, head) for a lower-dimension student."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -117,6 +121,10 @@ def save_student(student: Any, folder: Path, meta: dict[str, Any]) -> None:
         from vecplug.indexer.checksums import weights_sha256
 
         meta = {**meta, "weights_sha256": weights_sha256(tmp / STUDENT_WEIGHTS)}
+        if projection is not None:
+            save_projection(tmp, *projection)
+            meta["projection_dim"] = int(projection[1].shape[1])
+            meta["projection_sha256"] = weights_sha256(tmp / PROJECTION)
         (tmp / STUDENT_META).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
         if folder.exists():
             shutil.rmtree(folder)
@@ -175,3 +183,48 @@ def load_student(folder: Path, teacher_path: Path, teacher_checksum: str,
     model.get_input_embeddings().weight = torch.nn.Parameter(table, requires_grad=False)
     model.eval()
     return model
+
+
+def make_head(mean: Any, components: Any) -> Any:
+    """The student's projection head, initialised to the documents' PCA (trainable)."""
+    import torch
+
+    class Head(torch.nn.Module):
+        """normalise -> subtract the teacher's mean -> (H x d) map + bias."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("mean", mean.clone())
+            self.weight = torch.nn.Parameter(components.clone())
+            self.bias = torch.nn.Parameter(torch.zeros(components.shape[1]))
+
+        def forward(self, pooled: Any) -> Any:
+            return (torch.nn.functional.normalize(pooled, dim=-1) - self.mean) @ self.weight + self.bias
+
+    return Head()
+
+
+def pca(vectors: Any, dim: int) -> tuple[Any, Any]:
+    """Mean and the top ``dim`` principal directions (H x dim) of unit vectors."""
+    import torch
+
+    mean = vectors.mean(0)
+    _, _, vt = torch.linalg.svd(vectors - mean, full_matrices=False)
+    return mean, vt[:dim].T.contiguous()
+
+
+def save_projection(folder: Path, mean: Any, components: Any, head: Any) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"mean": mean.contiguous(), "components": components.contiguous(),
+               "head.weight": head.weight.detach().contiguous(), "head.bias": head.bias.detach().contiguous()},
+              str(folder / PROJECTION))
+
+
+def load_projection(folder: Path) -> dict[str, Any] | None:
+    """The tensors of a student's projection, or None for a full-dimension student."""
+    if not (folder / PROJECTION).is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / PROJECTION))

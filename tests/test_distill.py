@@ -124,3 +124,37 @@ def test_student_of_another_teacher_is_refused(tiny_model: Path, other_tiny_mode
     other = resolve_model(str(other_tiny_model))
     with pytest.raises(ModelMismatchError, match="distilled from"):
         load_student(own, other.path, other.checksum)
+
+
+def test_lower_dimension_student(tiny_model: Path, texts_file: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+    from vecplug.indexer.encoder import Encoder
+
+    out = tmp_path / "student-d8"
+    report = distill(config(tiny_model, texts_file, dim=8), out, progress=False)
+    assert report is not None and (out / "projection.safetensors").is_file()
+    meta = json.loads((out / "student.json").read_text())
+    assert meta["projection_dim"] == 8
+
+    enc = Encoder.from_specs(str(tiny_model), str(out))
+    assert enc.dim == 8 and enc.describe()["projection"]["dim"] == 8
+    docs, queries = enc.encode_documents(TINY_TEXT), enc.encode_queries(TINY_TEXT)
+    assert docs.shape == queries.shape == (len(TINY_TEXT), 8)
+    np.testing.assert_allclose(np.linalg.norm(docs, axis=1), 1.0, atol=1e-5)
+    assert float((docs * queries).sum(1).mean()) > 0.8  # the student learned the projected space
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for i, text in enumerate(TINY_TEXT[:4]):
+        (corpus / f"{i}.txt").write_text(text)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["index", str(corpus), "--model", str(tiny_model), "--query-encoder", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(runner.invoke(cli, ["info", "--json"]).output)
+    assert info["manifest"]["dim"] == 8 and info["manifest"]["projection"]["dim"] == 8
+    hits = json.loads(runner.invoke(cli, ["search", TINY_TEXT[2], "--json", "-k", "1"]).output)["hits"]
+    assert hits[0]["source"] == "2.txt"
+    res = runner.invoke(cli, ["search", "water", "--query-encoder", str(tiny_model)])
+    assert res.exit_code != 0 and "projection mismatch" in res.output

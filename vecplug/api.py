@@ -257,6 +257,13 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
               ("dim", "dimension", None), ("normalize", "normalisation", None),
               ("pooling", "pooling", None), ("document_prefix", "document prefix", None),
               ("query_prefix", "query prefix", None))
+    built_proj, cur_proj = built.get("projection"), current.get("projection")
+    if "projection" in built and (built_proj or {}).get("checksum") != (cur_proj or {}).get("checksum"):
+        def show(p: dict[str, Any] | None) -> str:
+            return f"a {p['dim']}-d projection from {p['by']}" if p else "no projection"
+
+        raise ModelMismatchError(f"projection mismatch: the index was built with {show(built_proj)}, "
+                                 f"but this run uses {show(cur_proj)}")
     for key, what, name in checks:
         if key in built and built[key] != current.get(key):
             left = f"{built.get(name)} ({built[key]})" if name else repr(built[key])

@@ -167,13 +167,15 @@ def info_cmd(as_json: bool, **common: Any) -> None:
 @click.option("--lr", "learning_rate", type=float, default=2e-4, show_default=True)
 @click.option("--max-texts", type=int, default=40000, show_default=True, help="Cap on training texts per source.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--dim", type=int, help="Lower dimension (e.g. 128): documents are projected by PCA and the "
+                                      "student learns a head into that space.")
 @click.option("--out", type=click.Path(file_okay=False), help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN].")
 @click.option("--stop-after", type=int, help="Stop after N steps (checkpointed; rerun to resume).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_errors
 def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | None, texts: tuple[str, ...],
                 epochs: int, batch_size: int, learning_rate: float, max_texts: int, seed: int,
-                out: str | None, stop_after: int | None, quiet: bool) -> None:
+                dim: int | None, out: str | None, stop_after: int | None, quiet: bool) -> None:
     """Distil a small query encoder (student) from a document encoder (MSE on query vectors).
 
     Interrupted runs resume from their checkpoint when run again with the same options.
@@ -185,9 +187,9 @@ def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | Non
 
     config = DistillConfig(teacher=teacher, layers=layers, layer_choice=layer_choice, epochs=epochs,
                            batch_size=batch_size, learning_rate=learning_rate, max_texts=max_texts,
-                           seed=seed, tatoeba=tatoeba, texts=texts)
+                           seed=seed, tatoeba=tatoeba, texts=texts, dim=dim)
     name = Path(teacher).name if Path(teacher).exists() else teacher.replace("/", "--")
-    folder = Path(out) if out else models_dir() / f"{name}-student-k{layers}"
+    folder = Path(out) if out else models_dir() / f"{name}-student-k{layers}{f'-d{dim}' if dim else ''}"
     report = distill(config, folder, progress=not quiet, command="vecplug " + " ".join(sys.argv[1:]),
                      log=lambda m: click.echo(m, err=True), stop_after=stop_after)
     if report is None:
