@@ -47,6 +47,7 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "vecplug": __version__,
         "vecplug_home": os.environ.get("VECPLUG_HOME", ""),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "command": command_line(),
         "cwd": os.getcwd(),
     }
@@ -59,7 +60,7 @@ def header_markdown(title: str, info: dict[str, Any]) -> str:
         "",
         f"- date (UTC): {info['date_utc']}",
         f"- machine: {info['platform']}; CPU {info['cpu']}; {info['cores']} cores (os.cpu_count); "
-        f"torch threads {info['torch_threads']}",
+        f"torch threads {info['torch_threads']}; load average at start {info['load_average']}",
         f"- software: Python {info['python']}, torch {info['torch']}, vecplug {info['vecplug']}",
         f"- command: `{info['command']}` (in `{info['cwd']}`)",
     ]

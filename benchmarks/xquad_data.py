@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: ``../shared/data/xquad-r`` next to the repository, wherever the command is run from.
-DEFAULT_DATA_DIR: Path = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "xquad-r").resolve()
+DEFAULT_DATA_DIR: Path = (
+    Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "xquad-r").resolve()
 
 
 @dataclass(frozen=True)

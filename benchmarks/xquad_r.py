@@ -23,6 +23,9 @@ Settings (names as in ``../shared/README.md``):
 * **X-X-mono** (the pool cut to the question's language): ``store.search(q, k=10,
   langs=[question language])``; one relevant sentence; MRR@10 (1/rank if found in the top 10,
   else 0) and P@1.
+* **X-X-mono, detected language**: as ``Index.search(mode="mono")`` does without ``--lang``:
+  the question's language comes from ``index.detector`` and a misdetection searches the
+  wrong language (or an absent one: no results).
 * **Language bias**: the share of the X-Y top 10 in the question's own language, beside the
   share of the pool in that language (what a language-blind ranking would give).
 
@@ -36,6 +39,7 @@ Evaluation only: nothing is trained on XQuAD-R.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -49,7 +53,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # no-op when run as a script
 
-from bench_common import fmt, header_markdown, machine_info, markdown_table, pct, percentile, save_json  # noqa: E402
+from bench_common import (  # noqa: E402
+    fmt, header_markdown, machine_info, markdown_table, pct, percentile, save_json)
 from xquad_data import DEFAULT_DATA_DIR, XQuADR, load_xquad_r, parse_langs  # noqa: E402
 
 #: LAReQA (Roy et al. 2020), XQuAD-R, 11 languages pooled, mAP@20, per training setup.
@@ -98,6 +103,9 @@ class Scores:
     same_lang: list[float] = field(default_factory=list)
     mono_rr: list[float] = field(default_factory=list)
     mono_p1: list[float] = field(default_factory=list)
+    #: the question's language as the detector saw it, and X-X-mono searched in that language
+    langid_ok: list[float] = field(default_factory=list)
+    mono_rr_detected: list[float] = field(default_factory=list)
     full_ap: list[float] = field(default_factory=list)
     exact_ap: list[float] = field(default_factory=list)
     ann_recall: list[float] = field(default_factory=list)
@@ -105,8 +113,8 @@ class Scores:
     found: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     def extend(self, other: "Scores") -> None:
-        for name in ("xy_ap", "xy_recall", "same_lang", "mono_rr", "mono_p1", "full_ap",
-                     "exact_ap", "ann_recall"):
+        for name in ("xy_ap", "xy_recall", "same_lang", "mono_rr", "mono_p1", "langid_ok",
+                     "mono_rr_detected", "full_ap", "exact_ap", "ann_recall"):
             getattr(self, name).extend(getattr(other, name))
         for lang, values in other.found.items():
             self.found[lang].extend(values)
@@ -118,6 +126,7 @@ class Scores:
         return {"questions": len(self.xy_ap), "xy_map20": mean(self.xy_ap),
                 "xy_recall20": mean(self.xy_recall), "same_lang_top": mean(self.same_lang),
                 "mono_mrr10": mean(self.mono_rr), "mono_p1": mean(self.mono_p1),
+                "langid_accuracy": mean(self.langid_ok), "mono_mrr10_detected": mean(self.mono_rr_detected),
                 "full_map": mean(self.full_ap), "exact_map20": mean(self.exact_ap),
                 "ann_recall20": mean(self.ann_recall),
                 "found_by_lang": {lang: mean(v) for lang, v in sorted(self.found.items())}}
@@ -132,6 +141,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="XQuAD-R folder (default: %(default)s)")
     p.add_argument("--langs", nargs="+", help="pool languages, e.g. 'en de' or 'en,de' (default: all files)")
     p.add_argument("--model", default="me5-small", help="document encoder spec (default: %(default)s)")
+    p.add_argument("--query-model",
+                   help="query encoder spec (default: the index's, else the student registered "
+                        "for the document model, else the document model)")
     p.add_argument("--index", type=Path, help="index folder to build/keep (default: a temporary folder)")
     p.add_argument("--k-xy", type=int, default=20, help="X-Y cut-off for mAP (default: %(default)s)")
     p.add_argument("--k-mono", type=int, default=10, help="X-X-mono cut-off for MRR (default: %(default)s)")
@@ -186,12 +198,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         tmp = tempfile.TemporaryDirectory(prefix="vecplug-xquad-r-")
         index_dir = Path(tmp.name) / "index"
-    settings = settings_for(str(index_dir), model={"document": args.model, "threads": args.threads},
+    settings = settings_for(str(index_dir),
+                            model={"document": args.model, "query": args.query_model,
+                                   "threads": args.threads},
                             index={"store": "hnswlib", "hnsw_ef_search": args.ef_search})
     try:
         t0 = time.perf_counter()
         index = Index.open(settings, create=True)
         encoder = index.encoder
+        encoder.document, encoder.query  # both are loaded on first use: load them outside the timings
         load_seconds = time.perf_counter() - t0
         try:
             # -- indexing
@@ -213,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             mono_times: list[float] = []
             exact_times: list[float] = []
             store = index.store
+            detector = index.detector
             for q, vec in zip(questions, qvecs):
                 s = by_lang[q.lang]
                 relevant_by_lang = data.relevant[q.qid]
@@ -235,6 +251,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 mono_ranked = [h.record.id for h in mono]
                 s.mono_rr.append(reciprocal_rank_at_k(mono_ranked, relevant_by_lang[q.lang], args.k_mono))
                 s.mono_p1.append(float(bool(mono_ranked) and mono_ranked[0] == relevant_by_lang[q.lang]))
+
+                # what Index.search(mode="mono") does without --lang: detect, then filter
+                detected = detector.detect(q.text)
+                s.langid_ok.append(float(detected == q.lang))
+                if detected == q.lang:
+                    s.mono_rr_detected.append(s.mono_rr[-1])
+                else:
+                    other = [h.record.id for h in store.search(vec, args.k_mono, [detected])]
+                    s.mono_rr_detected.append(
+                        reciprocal_rank_at_k(other, relevant_by_lang[q.lang], args.k_mono))
 
                 if args.exact:
                     t0 = time.perf_counter()
@@ -265,9 +291,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": info,
         "settings": {
             "data": str(args.data), "langs": langs, "model": args.model,
-            "model_checksum": encoder.document.info.checksum,
+            "model_checksum": encoder.document.info.checksum, "encoder": encoder.describe(),
             "query_prefix": encoder.query_prefix, "document_prefix": encoder.document_prefix,
-            "query_max_length": m.query_max_length, "document_max_length": m.document_max_length,
+            "query_max_length": encoder.query_max_length, "document_max_length": encoder.document_max_length,
             "batch_tokens": m.batch_tokens, "store": "hnswlib",
             "hnsw": {"M": settings.index.hnsw_m, "ef_construction": settings.index.hnsw_ef_construction,
                      "ef_search": settings.index.hnsw_ef_search},
@@ -294,6 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "queries_per_s": len(questions) / query_seconds if query_seconds else None,
                         "tokens_per_s": query_tokens / query_seconds if query_seconds else None},
             "search_xy": ms(xy_times), "search_mono": ms(mono_times), "search_exact": ms(exact_times),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         },
         "results": {"by_lang": {lang: by_lang[lang].summary() for lang in langs},
                     "overall": overall.summary()},
@@ -307,13 +334,19 @@ def render(r: dict[str, Any]) -> str:
     """The Markdown tables (without the machine header, printed first)."""
     st, d, t, res = r["settings"], r["data"], r["timing"], r["results"]
     langs = st["langs"]
+    enc = st["encoder"]
+    system = enc["document_encoder"] if enc["query_encoder"] == enc["document_encoder"] else \
+        f"{enc['document_encoder']} + query {enc['query_encoder']}"
     ref = "en" if "en" in langs else langs[0]
     out: list[str] = [
-        f"- model {st['model']} ({st['model_checksum'][:12]}), prefixes {st['query_prefix']!r}/"
+        f"- document encoder {enc['document_encoder']} ({enc['document_encoder_checksum'][:12]}), "
+        f"query encoder {enc['query_encoder']} ({enc['query_encoder_checksum'][:12]}), "
+        f"prefixes {st['query_prefix']!r}/"
         f"{st['document_prefix']!r}, max length query {st['query_max_length']} / document "
         f"{st['document_max_length']}, hnswlib M={st['hnsw']['M']} ef_construction="
         f"{st['hnsw']['ef_construction']} ef_search={st['hnsw']['ef_search']}",
-        f"- pool: {len(langs)} languages ({' '.join(langs)}), {d['pool_size']:,} candidate sentences "
+        f"- pool: {len(langs)} language{'s' * (len(langs) != 1)} ({' '.join(langs)}), "
+        f"{d['pool_size']:,} candidate sentences "
         f"from {d['paragraphs']} parallel paragraphs; {d['questions_evaluated']:,} questions evaluated",
         "",
         "### Data",
@@ -350,20 +383,24 @@ def render(r: dict[str, Any]) -> str:
                       (f"X-X-mono k={st['k_mono']} (language filter, exact)", "search_mono"),
                       ("exact full ranking (--exact)", "search_exact")):
         if t[key]:
-            srows.append([name, fmt(t[key]["mean_ms"], 2), fmt(t[key]["p50_ms"], 2), fmt(t[key]["p99_ms"], 2)])
+            srows.append([name, *(fmt(t[key][f"{m}_ms"], 2) for m in ("mean", "p50", "p99"))])
     out.append(markdown_table(["search", "mean ms", "p50 ms", "p99 ms"], srows))
+    out += ["", f"Load average at the end: {t['load_average_at_end']} (other processes share this machine: "
+                "timings are only as quiet as it was)."]
     out += ["", "### Quality", ""]
 
     exact = st["exact"]
     headers = ["question lang", "questions", f"X-Y mAP@{st['k_xy']}", f"X-Y recall@{st['k_xy']}",
                f"same-lang share of top {st['bias_k']}", "pool share (unbiased)",
-               f"mono MRR@{st['k_mono']}", "mono P@1"]
+               f"mono MRR@{st['k_mono']}", "mono P@1", "langid ok",
+               f"mono MRR@{st['k_mono']}, detected lang"]
     if exact:
         headers[4:4] = ["X-Y full mAP", f"exact mAP@{st['k_xy']}", f"ANN recall@{st['k_xy']}"]
 
     def row(name: str, s: dict[str, Any], share: float) -> list[str]:
         cells = [name, f"{s['questions']:,}", fmt(s["xy_map20"]), fmt(s["xy_recall20"]),
-                 pct(s["same_lang_top"]), pct(share), fmt(s["mono_mrr10"]), fmt(s["mono_p1"])]
+                 pct(s["same_lang_top"]), pct(share), fmt(s["mono_mrr10"]), fmt(s["mono_p1"]),
+                 pct(s["langid_accuracy"]), fmt(s["mono_mrr10_detected"])]
         if exact:
             cells[4:4] = [fmt(s["full_map"]), fmt(s["exact_map20"]), fmt(s["ann_recall20"])]
         return cells
@@ -386,7 +423,7 @@ def render(r: dict[str, Any]) -> str:
     out += ["", "### Beside the anchors", "",
             markdown_table(
                 ["system", "pool", "X-Y mAP@20", "mono MRR@10", "mono P@1", "same-lang top 10"],
-                [[f"vecplug {st['model']} (this run)", f"{len(langs)} langs", fmt(o["xy_map20"]),
+                [[f"vecplug {system} (this run)", f"{len(langs)} langs", fmt(o["xy_map20"]),
                   fmt(o["mono_mrr10"]), fmt(o["mono_p1"]), pct(o["same_lang_top"], 0)],
                  ["me5-small teacher (findings.md, doc max 128)", "11 langs", fmt(f11["xy_map20"]),
                   fmt(f11["mono_mrr10"]), fmt(f11["mono_p1"]), pct(f11["same_lang_top10"], 0)],
@@ -399,8 +436,8 @@ def render(r: dict[str, Any]) -> str:
             "LAReQA's En-En / X-X / X-X-mono / X-Y are mBERT dual encoders fine-tuned on SQuAD (and its "
             "translations) under those training setups; every LAReQA figure is the pooled X-Y mAP@20 over "
             "11 languages. None is a same-language-pool score, so the mono columns have no LAReQA "
-            "counterpart. Pooling 6 languages instead of 11 leaves fewer relevant sentences and fewer "
-            "distractors per question: not directly comparable either."]
+            f"counterpart. Pooling {len(langs)} languages instead of 11 leaves fewer relevant sentences and "
+            "fewer distractors per question: not directly comparable either."]
     return "\n".join(out)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug.errors import MissingDependencyError, ModelError
+from vecplug.fsutil import fsync_path
 
 
 def vecplug_home() -> Path:
@@ -123,8 +124,8 @@ def build_builtin(name: str, force: bool = False) -> Path:
         BUILTIN_MODELS[name].builder(tmp)
         for f in tmp.iterdir():
             f.chmod(0o644)
-            _fsync(f)
-        _fsync(tmp)
+            fsync_path(f)
+        fsync_path(tmp)
         if force and target.exists():
             old = target.with_name(f".old-{name}-{os.getpid()}-{time.time_ns()}")
             target.rename(old)
@@ -134,18 +135,10 @@ def build_builtin(name: str, force: bool = False) -> Path:
         except OSError:
             if not is_built(name):  # not someone else's finished build: a real failure
                 raise
-        _fsync(models_dir())
+        fsync_path(models_dir())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_models() -> list[dict[str, Any]]:

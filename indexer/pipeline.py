@@ -5,6 +5,7 @@ it finished; re-running skips documents whose text is already in the index uncha
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -29,7 +30,10 @@ class Sink(Protocol):
 
 
 @dataclass
-class IndexStats:
+class IndexReport:
+    """What one indexing run did, and what it skipped."""
+
+    files: int = 0
     documents: int = 0
     unchanged: int = 0
     tokens: int = 0
@@ -37,6 +41,12 @@ class IndexStats:
     encode_seconds: float = 0.0
     languages: Counter = field(default_factory=Counter)
     problems: list[Problem] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["problems"] = [str(p) for p in self.problems]
+        d["languages"] = dict(self.languages)
+        return d
 
 
 def batched(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
@@ -54,11 +64,11 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         make_record: Callable[[Document], Any], detect: Callable[[str], str] | None,
         lang: str | None = None, batch_size: int = 256, commit_every: int = 4096,
         manifest: dict[str, Any] | None = None, progress: bool = True,
-        count_tokens: Callable[[], int] | None = None) -> IndexStats:
+        count_tokens: Callable[[], int] | None = None) -> IndexReport:
     """Index ``documents`` into ``store``; returns what was done and what was skipped."""
     from tqdm.auto import tqdm
 
-    stats = IndexStats()
+    stats = IndexReport()
     start = time.perf_counter()
     tokens_before = count_tokens() if count_tokens else 0
     since_commit = 0

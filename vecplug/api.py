@@ -9,41 +9,20 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vecplug._version import __version__
 from vecplug.config import Settings, load_settings
 from vecplug.errors import IndexNotFoundError, ModelMismatchError, VecplugError
-from vecplug.types import Document, Hit, Problem
+from vecplug.indexer.pipeline import IndexReport
+from vecplug.types import Document, Hit
 
 DEFAULT_MODEL = "me5-small"
-
-
-@dataclass
-class IndexReport:
-    """What one indexing run did."""
-
-    files: int = 0
-    documents: int = 0
-    unchanged: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    encode_seconds: float = 0.0
-    languages: Counter = field(default_factory=Counter)
-    problems: list[Problem] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["problems"] = [str(p) for p in self.problems]
-        d["languages"] = dict(self.languages)
-        return d
 
 
 @dataclass
@@ -175,12 +154,10 @@ class Index:
         if not self.writable:
             raise VecplugError("the index was opened read-only")
         encoder = self.encoder
-        stats = pipeline.run(
+        return pipeline.run(
             documents, encoder, self.store, Record.from_document, self.detector.detect,
             lang=lang or self.settings.corpus.lang, manifest=self._manifest_update(),
             progress=progress, count_tokens=lambda: encoder.document.tokens_seen)
-        return IndexReport(0, stats.documents, stats.unchanged, stats.tokens, stats.seconds,
-                           stats.encode_seconds, stats.languages, stats.problems)
 
     def index_path(self, path: str | Path, *, lang: str | None = None,
                    progress: bool = False) -> IndexReport:

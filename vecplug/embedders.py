@@ -23,7 +23,7 @@ def load_encoder(document: str | None = None, query: str | None = None, *,
     (``document``/``query`` may still override, and are checked against it). Without it,
     ``document`` defaults to me5-small and ``query`` to the student registered for it.
     """
-    from vecplug.api import Index, check_encoder, check_query_encoder, settings_for
+    from vecplug.api import Index, check_query_encoder, settings_for
     from vecplug.indexer.encoder import Encoder
     from vecplug.indexer.models import DEFAULT_STUDENTS, resolve_model
 

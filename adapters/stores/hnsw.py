@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
-from vecplug.adapters.stores.files import WriterLock, atomic_write_json, fsync_dir
+from vecplug.fsutil import WriterLock, atomic_write_json, fsync_path
 from vecplug.errors import (
     CorruptIndexError,
     IndexNotFoundError,
@@ -113,7 +113,7 @@ class HnswStore(VectorStore):
             db.executescript(_SCHEMA)
             db.close()
             os.replace(tmp_db, folder / DB_NAME)  # the index exists only once complete
-            fsync_dir(folder)
+            fsync_path(folder)
             store = cls._open(folder, writable=True, lock=lock, options=options)
             store.commit(manifest)
             return store
@@ -385,7 +385,7 @@ class HnswStore(VectorStore):
                 with open(tmp, "rb+") as fh:
                     os.fsync(fh.fileno())
                 os.replace(tmp, self.folder / name)
-                fsync_dir(self.folder)
+                fsync_path(self.folder)
                 meta.update(generation=gen, hnsw_file=name,
                             hnsw_size=(self.folder / name).stat().st_size,
                             hnsw_sha256=_sha256(self.folder / name),

@@ -33,6 +33,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -40,6 +41,7 @@ import numpy as np
 from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
 from vecplug.errors import (CorruptIndexError, IndexNotFoundError, MissingDependencyError,
                              VecplugError)
+from vecplug.fsutil import atomic_write_json
 
 ID_NAMESPACE = uuid.UUID("6f1c7d2e-4b0a-5e8f-9a3c-2d7b1e0f4a65")  # fixed: ids map stably
 FORMAT = "vecplug.qdrant/1"
@@ -230,7 +232,7 @@ class _Edge:
     def create(self, dim: int, meta: dict[str, Any]) -> None:
         q, manifest = self.q, os.path.join(self.folder, MANIFEST)
         if os.path.isdir(self.folder):
-            leftovers = all(n == SHARD or n.startswith(MANIFEST + ".tmp")
+            leftovers = all(n == SHARD or n.startswith("." + MANIFEST)
                             for n in os.listdir(self.folder))
             if not (leftovers or self.meta() is not None):  # never delete what is not ours
                 raise VecplugError(f"{self.folder} is not empty and not a vecplug qdrant index")
@@ -251,18 +253,7 @@ class _Edge:
 
     def save_meta(self, meta: dict[str, Any]) -> None:
         """Write ``manifest.json`` atomically: temp file, fsync, rename, fsync the folder."""
-        target = os.path.join(self.folder, MANIFEST)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(meta, f, ensure_ascii=False, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        dfd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # makes the rename itself durable
-        finally:
-            os.close(dfd)
+        atomic_write_json(Path(self.folder) / MANIFEST, meta)
 
     def upsert(self, ids: list[str], vecs: np.ndarray, payloads: list[dict[str, Any]]) -> None:
         q = self.q

@@ -1,4 +1,5 @@
-"""Small helpers for crash-safe files: write to a temporary file, fsync, rename, fsync the folder."""
+"""Crash-safe file helpers: write to a temporary file, fsync, rename, fsync the folder; and a
+one-writer lock. Below every layer (imports only the errors module)."""
 from __future__ import annotations
 
 import fcntl
@@ -10,8 +11,9 @@ from typing import Any
 from vecplug.errors import VecplugError
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder: makes renames inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -28,7 +30,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
