@@ -100,9 +100,12 @@ def pct(x: float, digits: int = 1) -> str:
 
 
 def save_json(path: str | Path | None, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as indented UTF-8 JSON (creating folders) when ``path`` is given."""
+    """Write ``payload`` as indented UTF-8 JSON (creating folders) when ``path`` is given;
+    through a temporary file, so an interrupted run never leaves half a file."""
     if not path:
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -61,25 +61,35 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     print(header_markdown("Query students vs teacher on XQuAD-R", info), flush=True)
     data = load_xquad_r(args.data, args.langs)
     questions = [q for lang in data.langs for q in data.by_lang[lang].questions]
-    settings = settings_for(str(args.index), model={"document": args.model, "query": args.model})
-    with Index.open(settings, create=True) as index:
-        docs = [Document(s.doc_id, s.text, f"xquad-r/{s.lang}", s.index, s.lang) for s in data.sentences()]
-        index.add_documents(docs, progress=True)  # unchanged documents are skipped
-        ids = list(index.store.ids())
-        records = {r.id: r for r in index.store.get(ids)}
-    doc_vectors: np.ndarray | None = None
-    langs_of = np.asarray([records[i].lang for i in ids])
+    docs = [Document(s.doc_id, s.text, f"xquad-r/{s.lang}", s.index, s.lang) for s in data.sentences()]
+
+    def pool(query_spec: str) -> tuple[Path, list[str], np.ndarray, np.ndarray]:
+        """The pooled index for a query encoder: the teacher's, or, for a student with a
+        projection to fewer dimensions, one whose documents are projected the same way."""
+        from vecplug.indexer.models import resolve_model
+        from vecplug.indexer.student import PROJECTION
+
+        info = resolve_model(query_spec)
+        folder = args.index
+        if info.teacher is not None and (info.path / PROJECTION).is_file():
+            folder = args.index.with_name(f"{args.index.name}-{info.path.name}")
+        else:
+            query_spec = args.model
+        settings = settings_for(str(folder), model={"document": args.model, "query": query_spec})
+        with Index.open(settings, create=True) as index:
+            index.add_documents(docs, progress=True)  # unchanged documents are skipped
+            ids = list(index.store.ids())
+            langs = np.asarray([r.lang for r in index.store.get(ids)])
+            return folder, ids, langs, index.store.vectors(ids)
 
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
     sample = [questions[i].text for i in rng.choice(len(questions), args.latency_queries, replace=False)]
     for spec in args.query_encoders:
         torch.set_num_threads(2)
-        s = settings_for(str(args.index), model={"query": spec})
-        with Index.open(s) as index:
+        folder, ids, langs_of, doc_vectors = pool(spec)  # exact scores over the stored vectors
+        with Index.open(settings_for(str(folder), model={"query": spec})) as index:
             enc = index.encoder
-            if doc_vectors is None:  # exact scores: the stored document vectors, in id order
-                doc_vectors = index.store.vectors(ids)
             t0 = time.perf_counter()
             qv = enc.encode_queries([q.text for q in questions], progress=True)
             batch_seconds = time.perf_counter() - t0
@@ -110,7 +120,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "teacher_layers": meta.get("layers"), "xy_map20": float(np.mean(ap)),
             "mono_mrr10": float(np.mean(rr)), "latency_p50_ms": 1000 * percentile(lat, 50),
             "latency_p95_ms": 1000 * percentile(lat, 95), "batched_queries_per_s": len(questions) / batch_seconds,
-            "artifact_bytes": size, "distill_seconds": meta.get("training", {}).get("seconds"),
+            "dim": int(doc_vectors.shape[1]), "artifact_bytes": size, "distill_seconds": meta.get("training", {}).get("seconds"),
             "distill_steps": meta.get("training", {}).get("steps"),
             "distill_command": meta.get("training", {}).get("command"),
         })
@@ -126,15 +136,16 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(r: dict[str, Any]) -> str:
-    headers = ["query encoder", "teacher layers", "X-Y mAP@20", "retention", "mono MRR@10", "retention",
+    headers = ["query encoder", "teacher layers", "dim", "X-Y mAP@20", "retention", "mono MRR@10", "retention",
                "p50 ms", "p95 ms", "speed-up", "batched q/s", "size MB", "distill min"]
     rows = [[x["query_encoder"], ",".join(map(str, x["teacher_layers"])) if x["teacher_layers"] else "all 12",
-             fmt(x["xy_map20"]), pct(x["xy_retention"]), fmt(x["mono_mrr10"]), pct(x["mono_retention"]),
+             str(x["dim"]), fmt(x["xy_map20"]), pct(x["xy_retention"]), fmt(x["mono_mrr10"]), pct(x["mono_retention"]),
              f"{x['latency_p50_ms']:.1f}", f"{x['latency_p95_ms']:.1f}", f"{x['speedup_p50']:.1f}x",
              f"{x['batched_queries_per_s']:.0f}", f"{x['artifact_bytes'] / 1e6:.1f}",
              f"{x['distill_seconds'] / 60:.1f}" if x["distill_seconds"] else "-"] for x in r["rows"]]
     out = [f"Pool: {', '.join(r['langs'])}; {r['questions']:,} questions; exact search over the teacher's "
-           f"document vectors. Latency: {r['latency_queries']} questions, one at a time, 1 thread, "
+           f"document vectors (a lower-dimension student: projected ones; 4 bytes per dimension "
+           f"per vector). Latency: {r['latency_queries']} questions, one at a time, 1 thread, "
            "tokenisation included.", "", markdown_table(headers, rows)]
     cmds = {x["distill_command"] for x in r["rows"] if x["distill_command"]}
     if cmds:

@@ -8,6 +8,8 @@ S(x) ~ T(x) for every sentence and S(translation) ~ T(English source) (Reimers &
 The loss is the squared distance between unit vectors, plus the same after removing the
 teacher's mean vector: the teacher's vectors are anisotropic (two unrelated queries have
 cosine ~0.73), and a plain MSE lets the student learn the shared direction and collapse.
+Optionally (``contrastive_weight``) an in-batch ranking term asks each student vector to
+score its own teacher vector above the other teacher vectors of the batch.
 """
 from __future__ import annotations
 
@@ -42,6 +44,10 @@ class DistillConfig:
     warmup: float = 0.05
     max_length: int = 64
     centered_weight: float = 1.0
+    #: weight of an in-batch ranking term: each student vector must score its own teacher
+    #: vector above the batch's others (InfoNCE, scale 20); it trains what retrieval uses
+    contrastive_weight: float = 0.0
+    contrastive_scale: float = 20.0
     seed: int = 0
     #: at most this many training texts (sampled evenly over the sources)
     max_texts: int = 40000
@@ -265,6 +271,14 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         s = torch.nn.functional.normalize(pooled, dim=-1)
         t = target_table[torch.from_numpy(target_ids[batch])]
         loss = ((s - t) ** 2).sum(-1).mean()
+        if config.contrastive_weight:
+            tid = torch.from_numpy(target_ids[batch])
+            logits = config.contrastive_scale * (s @ t.T)
+            # the same target twice in a batch (x -> e and e -> e) is not a negative
+            same = (tid[:, None] == tid[None, :]) & ~torch.eye(len(batch), dtype=torch.bool)
+            logits = logits.masked_fill(same, float("-inf"))
+            loss = loss + config.contrastive_weight * torch.nn.functional.cross_entropy(
+                logits, torch.arange(len(batch)))
         if config.centered_weight and projection is None:  # a PCA space is centred already
             sc = torch.nn.functional.normalize(s - mean, dim=-1)
             tc = torch.nn.functional.normalize(t - mean, dim=-1)

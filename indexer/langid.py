@@ -10,6 +10,9 @@ from vecplug.errors import MissingDependencyError
 UNDETERMINED = "und"
 _KANA = re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
 _HAN = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]")
+_HANGUL = re.compile(r"[\uac00-\ud7af\u1100-\u11ff\u3130-\u318f]")
+_NON_HAN_WORD = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff]{2,}")  # words of other scripts
+_VARIETIES = {"wuu": "zh", "yue": "zh", "arz": "ar"}
 
 
 class LanguageDetector:
@@ -33,10 +36,14 @@ class LanguageDetector:
         if not result or float(result[0]["score"]) < self.min_score:
             return UNDETERMINED
         lang = str(result[0]["lang"])
-        # fastText often calls short Chinese "ja"; Japanese text nearly always has kana
-        if lang == "ja" and not _KANA.search(sample) and _HAN.search(sample):
+        # fastText calls short Chinese "ja", "de", "wuu"...: text that is mostly Han with no
+        # kana (Japanese) or hangul (Korean) is Chinese
+        if (not _KANA.search(sample) and not _HANGUL.search(sample)
+                and len(_HAN.findall(sample)) >= max(1, len(_NON_HAN_WORD.findall(sample)))):
             return "zh"
-        return lang
+        # varieties that documents are rarely tagged with: the macrolanguage, so mono mode
+        # finds documents
+        return _VARIETIES.get(lang, lang)
 
     def detect_many(self, texts: Sequence[str]) -> list[str]:
         return [self.detect(t) for t in texts]

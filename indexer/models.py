@@ -120,6 +120,7 @@ def build_builtin(name: str, force: bool = False) -> Path:
         return target
     models_dir().mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=models_dir()))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is for everyone to read
     try:
         BUILTIN_MODELS[name].builder(tmp)
         for f in tmp.iterdir():

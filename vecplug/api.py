@@ -83,9 +83,9 @@ class Index:
         """Open the index the settings point at; with ``create``, make it if absent."""
         settings = settings or load_settings()
         store_cls, location, options = _store_target(settings)
+        writable = writable or create
         if store_cls.exists(location, options):
-            return cls(settings, store_cls.open(location, options, writable=writable or create), True
-                       if (writable or create) else False)
+            return cls(settings, store_cls.open(location, options, writable=writable), writable)
         if not create:
             raise IndexNotFoundError(f"no vecplug index at {location}; create one with: vecplug index PATH")
         index = cls(settings, None, True)

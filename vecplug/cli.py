@@ -167,6 +167,8 @@ def info_cmd(as_json: bool, **common: Any) -> None:
 @click.option("--lr", "learning_rate", type=float, default=2e-4, show_default=True)
 @click.option("--max-texts", type=int, default=40000, show_default=True, help="Cap on training texts per source.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--contrastive", "contrastive_weight", type=float, default=0.0, show_default=True,
+              help="Weight of the in-batch ranking term (InfoNCE against the teacher's vectors).")
 @click.option("--dim", type=int, help="Lower dimension (e.g. 128): documents are projected by PCA and the "
                                       "student learns a head into that space.")
 @click.option("--out", type=click.Path(file_okay=False), help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN].")
@@ -175,7 +177,8 @@ def info_cmd(as_json: bool, **common: Any) -> None:
 @_errors
 def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | None, texts: tuple[str, ...],
                 epochs: int, batch_size: int, learning_rate: float, max_texts: int, seed: int,
-                dim: int | None, out: str | None, stop_after: int | None, quiet: bool) -> None:
+                contrastive_weight: float, dim: int | None, out: str | None, stop_after: int | None,
+                quiet: bool) -> None:
     """Distil a small query encoder (student) from a document encoder (MSE on query vectors).
 
     Interrupted runs resume from their checkpoint when run again with the same options.
@@ -187,7 +190,8 @@ def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | Non
 
     config = DistillConfig(teacher=teacher, layers=layers, layer_choice=layer_choice, epochs=epochs,
                            batch_size=batch_size, learning_rate=learning_rate, max_texts=max_texts,
-                           seed=seed, tatoeba=tatoeba, texts=texts, dim=dim)
+                           seed=seed, tatoeba=tatoeba, texts=texts, dim=dim,
+                           contrastive_weight=contrastive_weight)
     name = Path(teacher).name if Path(teacher).exists() else teacher.replace("/", "--")
     folder = Path(out) if out else models_dir() / f"{name}-student-k{layers}{f'-d{dim}' if dim else ''}"
     report = distill(config, folder, progress=not quiet, command="vecplug " + " ".join(sys.argv[1:]),
