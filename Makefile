@@ -8,7 +8,7 @@ DEMO_INDEX ?= .demo-index
 # torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs)
 TORCH ?= torch==2.13.0
 
-.PHONY: setup models demo test test-fast bench clean
+.PHONY: setup models demo test test-fast bench bench-students clean
 
 setup: $(VENV)/.installed
 
@@ -38,7 +38,10 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: models
-	bash benchmarks/run_all.sh
+	bash benchmarks/run_all.sh --exact
+
+bench-students: models
+	bash benchmarks/students.sh
 
 clean:
 	rm -rf $(VENV) $(DEMO_INDEX) .vecplug build *.egg-info

@@ -170,6 +170,13 @@ class Encoder:
             else:
                 self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                              post=_pca_map(self.projection) if self.projection else None)
+                teacher = self.query_info.teacher
+                if (self._query is not None and teacher is not None
+                        and teacher.checksum == self.document_info.checksum):
+                    # the student came first: the teacher takes the student's copy of the table
+                    # (identical by checksum), and its own is freed
+                    self._document.model.get_input_embeddings().weight = \
+                        self._query.model.get_input_embeddings().weight
         return self._document
 
     @property

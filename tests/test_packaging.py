@@ -23,6 +23,8 @@ def test_wheel_has_only_the_vecplug_package(tmp_path: Path) -> None:
                    "vecplug/adapters/stores/hnsw.py", "vecplug/adapters/stores/qdrant.py",
                    "vecplug/cli.py", "vecplug/py.typed"):
         assert module in names
+    # the shipped default student is package data
+    assert any(n.startswith("vecplug/students/") and n.endswith("/student.safetensors") for n in names)
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "vecplug = vecplug.cli:main" in entry
 

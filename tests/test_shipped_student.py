@@ -16,7 +16,7 @@ def test_a_default_student_ships_for_me5_small() -> None:
     files = {p.name for p in folder.iterdir()}
     assert {"config.json", "student.json", "student.safetensors"} <= files
     assert "model.safetensors" not in files and "tokenizer.json" not in files  # shares its teacher's
-    assert sum(p.stat().st_size for p in folder.iterdir()) < 40e6
+    assert sum(p.stat().st_size for p in folder.iterdir()) < 50e6
     meta = json.loads((folder / "student.json").read_text())
     assert meta["teacher"] == "me5-small" and meta["default_for"] == "me5-small"
     assert "tatoeba" in meta["training"]["data"] and meta["training"]["command"].startswith("vecplug distill")
