@@ -200,7 +200,8 @@ class Index:
         s = self.settings.search
         k = k or s.k
         mode = mode or s.mode
-        encoder, detector = self.encoder, self.detector  # load before timing
+        encoder, detector = self.encoder, self.detector
+        encoder.query  # the query model loads on first use: load it before timing
         t0 = time.perf_counter()
         qlang = lang or s.lang or detector.detect(query)
         langs = target_languages(mode, qlang)
