@@ -7,7 +7,7 @@ import os
 import platform
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +109,13 @@ def save_json(path: str | Path | None, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def run_main(parse_args: Callable[[Sequence[str] | None], Any], run: Callable[[Any], dict[str, Any]],
+             render: Callable[[dict[str, Any]], str], argv: Sequence[str] | None = None) -> int:
+    """The shared ``main`` of every benchmark: parse, run, print the tables, save the JSON."""
+    args = parse_args(argv)
+    results = run(args)
+    print(render(results))
+    save_json(args.json, results)
+    return 0

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # no-op when run as a script
 
 from bench_common import (  # noqa: E402
-    fmt, header_markdown, machine_info, markdown_table, pct, percentile, save_json)
+    fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
 KINDS = ("questions", "sentences")
@@ -156,11 +156,7 @@ def render(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    results = run(args)
-    print(render(results))
-    save_json(args.json, results)
-    return 0
+    return run_main(parse_args, run, render, argv)
 
 
 if __name__ == "__main__":

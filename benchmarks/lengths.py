@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # no-op when run as a script
 
 from bench_common import (  # noqa: E402
-    header_markdown, machine_info, markdown_table, pct, percentile, save_json)
+    header_markdown, machine_info, markdown_table, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -113,11 +113,7 @@ def render(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    results = run(args)
-    print(render(results))
-    save_json(args.json, results)
-    return 0
+    return run_main(parse_args, run, render, argv)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import fmt, header_markdown, machine_info, markdown_table, pct, percentile, save_json  # noqa: E402
+from bench_common import (  # noqa: E402
+    fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 from xquad_r import average_precision_at_k, reciprocal_rank_at_k  # noqa: E402
 
@@ -154,11 +155,7 @@ def render(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    result = evaluate(args)
-    print(render(result))
-    save_json(args.json, result)
-    return 0
+    return run_main(parse_args, evaluate, render, argv)
 
 
 if __name__ == "__main__":
