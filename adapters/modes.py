@@ -1,27 +1,75 @@
-"""Retrieval modes (the LAReQA settings).
+"""Retrieval modes (after the LAReQA settings) and the first stage of a search.
 
-* ``xy``: one language-agnostic pool; the best answers in any language.
-* ``mono``: only documents in the query's language (X-X-mono), by a payload filter.
+* ``xy``: one language-agnostic pool; the best answers in any language (X-Y).
+* ``mono``: only documents in the query's language (X-X-mono), by a language filter.
+* ``prefer``: the X-Y pool, with documents in the query's language ranked up by a fixed
+  boost added to their score (``search.prefer_boost``, default 0.05 in cosine units): an
+  answer in the user's language wins unless another language's is clearly better.
+
+Any mode but ``mono`` can be limited to chosen target languages (``search.langs``). With the
+language-bias correction on (:mod:`vecplug.adapters.bias`), ``xy`` and ``prefer`` score by
+centred cosine; ``mono`` is unaffected (inside one language the mean is a constant shift).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from vecplug.adapters.bias import LanguageMeans, centred_search, rescore
+from vecplug.adapters.stores.base import StoreHit
 from vecplug.errors import ConfigError
 
 MODES = {
     "xy": "cross-lingual: search every language",
     "mono": "same language: only documents in the query's language",
+    "prefer": "every language, documents in the query's language ranked up by a boost",
 }
 
 
-def target_languages(mode: str, query_lang: str | None) -> Sequence[str] | None:
+def target_languages(mode: str, query_lang: str | None,
+                     langs: Sequence[str] | None = None) -> list[str] | None:
     """Languages a query may be answered in under ``mode`` (None: all)."""
-    if mode == "xy":
-        return None
     if mode == "mono":
         if not query_lang or query_lang == "und":
             raise ConfigError("mono mode needs the query's language and it could not be detected; "
                               "give it with --lang")
         return [query_lang]
+    if mode in MODES:
+        return list(langs) if langs else None
     raise ConfigError(f"unknown mode '{mode}'; modes: {', '.join(MODES)}")
+
+
+def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode: str, depth: int,
+                langs: Sequence[str] | None = None,
+                means: LanguageMeans | None = None) -> list[StoreHit]:
+    """The ``depth`` best candidates for a query vector under ``mode``, best first.
+
+    ``means`` switches the language-bias correction on (ignored in ``mono``). In ``prefer``
+    the candidates are the union of the pooled and the same-language top ``depth``, so a
+    same-language document the boost would promote is never missing from them.
+    """
+    pool = target_languages(mode, query_lang, langs)
+    if mode == "mono":
+        return store.search(vector, depth, pool)  # type: ignore[attr-defined]
+    if means is not None:
+        every = pool if pool is not None else list(store.languages())  # type: ignore[attr-defined]
+        hits = centred_search(store, means, vector, query_lang, depth, every)
+    else:
+        hits = store.search(vector, depth, pool)  # type: ignore[attr-defined]
+    if mode == "prefer" and query_lang and (pool is None or query_lang in pool):
+        seen = {h.record.id for h in hits}
+        same = store.search(means.centre_query(vector, query_lang) if means is not None else vector,  # type: ignore[attr-defined]
+                            depth, [query_lang])
+        extra = [h for h in same if h.record.id not in seen]
+        if means is not None:
+            extra = rescore(store, means, means.centre_query(vector, query_lang), extra)
+        hits = sorted(hits + extra, key=lambda h: -h.score)
+    return hits
+
+
+def apply_preference(hits: Sequence[StoreHit], query_lang: str | None, boost: float) -> list[StoreHit]:
+    """``prefer``: documents in the query's language get ``boost`` added; re-sorted, best first."""
+    boosted = [StoreHit(h.record, h.score + boost) if query_lang and h.record.lang == query_lang else h
+               for h in hits]
+    return sorted(boosted, key=lambda h: -h.score)

@@ -35,7 +35,7 @@ class TextEncoder:
 
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  threads: int | None = None, shared_embeddings: Any = None,
-                 post: Any = None) -> None:
+                 post: Any = None, quantize: str | None = None) -> None:
         import torch
         import transformers
         from transformers import AutoModel, AutoTokenizer
@@ -68,6 +68,13 @@ class TextEncoder:
             if bars:
                 transformers.utils.logging.enable_progress_bar()
         self.model.eval()
+        self.quantize = quantize
+        if quantize == "int8":
+            self.model = _int8(self.model)
+        elif quantize is not None:
+            from vecplug.errors import ConfigError
+
+            raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
         self.dim = int(self.model.config.hidden_size)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
         self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
@@ -121,7 +128,24 @@ class TextEncoder:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.info.spec, "checksum": self.info.checksum, "dim": self.dim}
+        return {"model": self.info.spec, "checksum": self.info.checksum, "dim": self.dim,
+                "quantize": self.quantize}
+
+
+def _int8(model: Any) -> Any:
+    """The model with int8 weights in its linear layers (dynamic quantisation: activations are
+    quantised per batch). Embeddings (the shared vocabulary table) stay as they are."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        # torch marks its eager-mode quantisation as deprecated in favour of torchao, which
+        # this machine does not have; it still works and is measured in the README
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 class Encoder:
@@ -137,8 +161,10 @@ class Encoder:
                  query_max_length: int = DEFAULT_QUERY_MAX_LENGTH,
                  document_max_length: int = DEFAULT_DOCUMENT_MAX_LENGTH,
                  query_prefix: str | None = None, document_prefix: str | None = None,
-                 batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None) -> None:
+                 batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
+                 query_quantize: str | None = None) -> None:
         self.document_info = document
+        self.query_quantize = query_quantize
         self.query_info = query if query is not None and query.checksum != document.checksum else document
         self._document: TextEncoder | None = None
         self._query: TextEncoder | None = None
@@ -165,7 +191,7 @@ class Encoder:
     @property
     def document(self) -> TextEncoder:
         if self._document is None:
-            if self.query_info is self.document_info and self._query is not None:
+            if self.query_info is self.document_info and self._query is not None and not self.query_quantize:
                 self._document = self._query
             else:
                 self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
@@ -182,8 +208,11 @@ class Encoder:
     @property
     def query(self) -> TextEncoder:
         if self._query is None:
-            if self.query_info is self.document_info:
+            if self.query_info is self.document_info and not self.query_quantize:
                 self._query = self.document
+            elif self.query_info is self.document_info:  # an int8 copy of the document encoder
+                self._query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
+                                          quantize=self.query_quantize)
             else:
                 shared = None
                 teacher = self.query_info.teacher
@@ -192,7 +221,8 @@ class Encoder:
                     # the student shares the loaded teacher's vocabulary table
                     shared = self._document.model.get_input_embeddings().weight.detach()
                 self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
-                                          post=_head_map(self.projection) if self.projection else None)
+                                          post=_head_map(self.projection) if self.projection else None,
+                                          quantize=self.query_quantize)
         return self._query
 
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
@@ -221,6 +251,7 @@ class Encoder:
             "document_prefix": self.document_prefix,
             "query_max_length": self.query_max_length,
             "document_max_length": self.document_max_length,
+            "query_quantize": self.query_quantize,
         }
 
 

@@ -25,6 +25,7 @@ class Sink(Protocol):
     """The part of a vector store the pipeline needs."""
 
     def get(self, ids: Sequence[str]) -> list[Any]: ...
+    def vectors(self, ids: Sequence[str]) -> np.ndarray: ...
     def upsert(self, records: Sequence[Any], vectors: np.ndarray) -> None: ...
     def commit(self, manifest: dict[str, Any] | None = None) -> None: ...
 
@@ -64,11 +65,17 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         make_record: Callable[[Document], Any], detect: Callable[[str], str] | None,
         lang: str | None = None, batch_size: int = 256, commit_every: int = 4096,
         manifest: dict[str, Any] | None = None, progress: bool = True,
-        count_tokens: Callable[[], int] | None = None) -> IndexReport:
-    """Index ``documents`` into ``store``; returns what was done and what was skipped."""
+        count_tokens: Callable[[], int] | None = None, stats: Any = None) -> IndexReport:
+    """Index ``documents`` into ``store``; returns what was done and what was skipped.
+
+    ``stats`` (a :class:`vecplug.adapters.bias.LanguageStats` or anything with
+    ``add(langs, vectors, sign)`` and ``to_manifest()``) is kept in step with what is written:
+    replaced documents' old vectors are subtracted and new ones added, and every commit
+    stores it in the manifest with the records it describes.
+    """
     from tqdm.auto import tqdm
 
-    stats = IndexReport()
+    report = IndexReport()
     tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
     since_commit = 0
@@ -79,29 +86,40 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
                  for d in batch]
         existing = {r.id: r for r in store.get([d.id for d in batch])}
         todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
-        stats.unchanged += len(batch) - len(todo)
+        report.unchanged += len(batch) - len(todo)
         if todo:
             t0 = time.perf_counter()
             vectors = encoder.encode_documents([d.text for d in todo], progress=False)
-            stats.encode_seconds += time.perf_counter() - t0
+            report.encode_seconds += time.perf_counter() - t0
             ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
             for d in (d for d, good in zip(todo, ok) if not good):
-                stats.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
+                report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
                                                         "vector: left out", d.position))
             keep = [d for d, good in zip(todo, ok) if good]
+            if stats is not None:
+                replaced = [existing[d.id] for d in keep if d.id in existing]
+                if replaced:
+                    stats.add([r.lang for r in replaced], store.vectors([r.id for r in replaced]), -1)
+                stats.add([d.lang for d in keep], vectors[ok])
             store.upsert([make_record(d) for d in keep], vectors[ok])
-            stats.documents += len(keep)
-            stats.languages.update(d.lang or "und" for d in keep)
+            report.documents += len(keep)
+            report.languages.update(d.lang or "und" for d in keep)
             since_commit += len(keep)
             if since_commit >= commit_every:
-                store.commit(manifest)
+                store.commit(_with_stats(manifest, stats))
                 since_commit = 0
         bar.update(len(batch))
     bar.close()
-    store.commit(manifest)
-    stats.seconds = time.perf_counter() - start
-    stats.tokens = (count_tokens() - tokens_before) if count_tokens else 0
-    return stats
+    store.commit(_with_stats(manifest, stats))
+    report.seconds = time.perf_counter() - start
+    report.tokens = (count_tokens() - tokens_before) if count_tokens else 0
+    return report
+
+
+def _with_stats(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any] | None:
+    if stats is None:
+        return manifest
+    return {**(manifest or {}), **stats.to_manifest()}
 
 
 def _with_lang(doc: Document, lang: str | None) -> Document:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,10 @@ class SearchResult:
     lang: str | None
     mode: str
     hits: list[Hit]
+    #: this query's share of the time spent (encode, search, rerank)
     seconds: float
+    #: the first-stage query vector
+    vector: Any = field(default=None, repr=False)
 
     def __iter__(self) -> Iterator[Hit]:
         return iter(self.hits)
@@ -73,6 +76,9 @@ class Index:
         self.writable = writable
         self._encoder: Any = None
         self._detector: Any = None
+        self._stats: Any = None
+        self._means: Any = None
+        self._rerankers: dict[str, Any] = {}
         self.report: IndexReport | None = None
 
     # -- opening -----------------------------------------------------------
@@ -101,6 +107,7 @@ class Index:
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "corpus": {"chunk_tokens": c.chunk_tokens, "chunk_overlap": c.chunk_overlap,
                        "embed_fields": list(c.embed_fields)},
+            "debias": self.settings.index.debias,
         }
 
     @property
@@ -128,7 +135,7 @@ class Index:
             encoder = Encoder.from_specs(
                 document, query, batch_tokens=m.batch_tokens, threads=m.threads,
                 query_max_length=m.query_max_length, document_max_length=m.document_max_length,
-                **prefixes)
+                query_quantize=m.query_quantize, **prefixes)
             if built:
                 check_encoder(built, encoder.describe())
             check_query_encoder(encoder.describe())
@@ -154,10 +161,15 @@ class Index:
         if not self.writable:
             raise VecplugError("the index was opened read-only")
         encoder = self.encoder
-        return pipeline.run(
-            documents, encoder, self.store, Record.from_document, self.detector.detect,
-            lang=lang or self.settings.corpus.lang, manifest=self._manifest_update(),
-            progress=progress, count_tokens=lambda: encoder.document.tokens_seen)
+        try:
+            return pipeline.run(
+                documents, encoder, self.store, Record.from_document, self.detector.detect,
+                lang=lang or self.settings.corpus.lang, manifest=self._manifest_update(),
+                progress=progress, count_tokens=lambda: encoder.document.tokens_seen,
+                stats=self.language_stats)
+        finally:
+            # the stats may hold writes that were not committed: re-read them when needed
+            self._stats = self._means = None
 
     def index_path(self, path: str | Path, *, lang: str | None = None,
                    progress: bool = False) -> IndexReport:
@@ -189,29 +201,139 @@ class Index:
     # -- reading -----------------------------------------------------------
 
     def search(self, query: str, k: int | None = None, *, mode: str | None = None,
-               lang: str | None = None) -> SearchResult:
-        """The ``k`` best documents for ``query`` under ``mode`` (``xy`` or ``mono``)."""
-        import numpy as np
+               lang: str | None = None, langs: Sequence[str] | None = None,
+               rerank: str | None = None, rerank_depth: int | None = None,
+               debias: bool | None = None) -> SearchResult:
+        """The ``k`` best documents for ``query``.
 
-        from vecplug.adapters.modes import target_languages
-
+        ``mode``: ``xy`` (every language), ``mono`` (the query's language) or ``prefer``
+        (every language, the query's ranked up); ``lang`` is the query's language (default:
+        detected); ``langs`` limits the answers to those languages; ``rerank`` names a
+        second stage (``teacher``, ``fields``, ``cross-encoder:MODEL``) applied to the top
+        ``rerank_depth`` candidates; ``debias`` switches the language-bias correction.
+        Unset arguments come from the settings (and ``debias`` from the index).
+        """
         if not query.strip():
             raise VecplugError("the query is empty")
+        return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
+                                 rerank=rerank, rerank_depth=rerank_depth, debias=debias)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int | None = None, *, mode: str | None = None,
+                     langs: Sequence[str | None] | None = None,
+                     target_langs: Sequence[str] | None = None, rerank: str | None = None,
+                     rerank_depth: int | None = None, debias: bool | None = None,
+                     progress: bool = False) -> list[SearchResult]:
+        """:meth:`search` for many queries at once (queries are encoded in batches);
+        ``langs`` gives each query's language (None entries are detected)."""
+        import numpy as np
+
+        from vecplug.adapters import modes
+
         s = self.settings.search
         k = k or s.k
         mode = mode or s.mode
+        if mode not in modes.MODES:
+            raise VecplugError(f"unknown mode '{mode}'; modes: {', '.join(modes.MODES)}")
+        target = list(target_langs if target_langs is not None else s.langs) or None
+        debias = self._debias(debias)
+        reranker = self._reranker(rerank if rerank is not None else s.rerank)
+        depth = max(k, rerank_depth or s.rerank_depth) if reranker is not None else k
+        if mode == "prefer":
+            depth = max(depth, 2 * k)  # room for the boost to reorder
         encoder, detector = self.encoder, self.detector
         encoder.query  # the query model loads on first use: load it before timing
+        means = self.language_means() if debias and mode != "mono" else None
+        context = None
+        if reranker is not None:
+            from vecplug.adapters.rerank import Query, RerankContext
+
+            context = RerankContext(encoder, self.store,
+                                    lambda qv, cands, ql: self._exact_scores(qv, cands, ql, means))
+            reranker.warm_up(context)  # models load before the clock starts
         t0 = time.perf_counter()
-        qlang = lang or s.lang or detector.detect(query)
-        langs = target_languages(mode, qlang)
-        vector = encoder.encode_queries([query])[0]
-        if not np.isfinite(vector).all() or float(np.linalg.norm(vector)) < 1e-6:
-            raise VecplugError(f"the query encoder gave a non-finite or zero vector for {query!r}")
-        hits = [Hit(h.record.id, float(h.score), h.record.text, h.record.lang, h.record.source,
-                    h.record.payload, rank)
-                for rank, h in enumerate(self.store.search(vector, k, langs), 1)]
-        return SearchResult(query, qlang, mode, hits, time.perf_counter() - t0)
+        given = list(langs) if langs is not None else [None] * len(queries)
+        qlangs = [given[i] or s.lang or detector.detect(q) for i, q in enumerate(queries)]
+        vectors = encoder.encode_queries(list(queries), progress=progress)
+        bad = ~(np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6))
+        if bad.any():
+            raise VecplugError("the query encoder gave a non-finite or zero vector for "
+                               f"{queries[int(np.argmax(bad))]!r}")
+        candidates = [modes.first_stage(self.store, v, ql, mode, depth, target, means)
+                      for v, ql in zip(vectors, qlangs)]
+        if reranker is not None:
+            candidates = reranker.rerank([Query(q, ql, v) for q, ql, v in zip(queries, qlangs, vectors)],
+                                         candidates, context)
+        if mode == "prefer":
+            candidates = [modes.apply_preference(c, ql, s.prefer_boost) for c, ql in zip(candidates, qlangs)]
+        share = (time.perf_counter() - t0) / max(1, len(queries))
+        return [SearchResult(q, ql, mode,
+                             [Hit(h.record.id, float(h.score), h.record.text, h.record.lang, h.record.source,
+                                  h.record.payload, rank) for rank, h in enumerate(c[:k], 1)],
+                             share, v)
+                for q, ql, c, v in zip(queries, qlangs, candidates, vectors)]
+
+    def score_ids(self, vector: Any, ids: Sequence[str], query_lang: str | None,
+                  debias: bool | None = None) -> Any:
+        """Exact first-stage scores of documents ``ids`` for a query vector (as :meth:`search`
+        scores them, with the language-bias correction when it is on)."""
+        from vecplug.adapters.stores import StoreHit
+
+        means = self.language_means() if self._debias(debias) else None
+        hits = [StoreHit(r, 0.0) for r in self.store.get(list(ids))]
+        if len(hits) != len(ids):
+            raise VecplugError("score_ids: some ids are not in the index")
+        return self._exact_scores(vector, hits, query_lang, means)
+
+    def _exact_scores(self, vector: Any, hits: Sequence[Any], query_lang: str | None, means: Any) -> Any:
+        import numpy as np
+
+        vecs = self.store.vectors([h.record.id for h in hits])
+        query = np.asarray(vector, dtype=np.float32)
+        if means is not None:
+            vecs = means.centre(vecs, [h.record.lang for h in hits])
+            query = means.centre_query(query, query_lang)
+        return vecs @ query
+
+    def _debias(self, debias: bool | None) -> bool:
+        if debias is not None:
+            return debias
+        if self.settings.search.debias is not None:
+            return self.settings.search.debias
+        return bool(self.manifest.get("debias", False))
+
+    @property
+    def language_stats(self) -> Any:
+        """Per-language sums of document vectors (from the manifest; recomputed from the stored
+        vectors for an index written before vecplug kept them)."""
+        if self._stats is None:
+            from vecplug.adapters.bias import LanguageStats
+
+            stats = LanguageStats.from_manifest(self.manifest)
+            if stats is None:
+                stats = LanguageStats.fit(self.store)
+                if self.writable:
+                    self.store.commit(stats.to_manifest())
+            self._stats = stats
+        return self._stats
+
+    def language_means(self) -> Any:
+        """The per-language mean vectors the language-bias correction removes."""
+        if self._means is None:
+            self._means = self.language_stats.means()
+        return self._means
+
+    def _reranker(self, spec: str | None) -> Any:
+        if not spec or spec == "none":
+            return None
+        if not isinstance(spec, str):
+            return spec  # a Reranker instance
+        if spec not in self._rerankers:
+            from vecplug.adapters.rerank import get_reranker
+
+            options = ({"max_length": self.settings.search.rerank_max_length}
+                       if spec.startswith("cross-encoder") else {})
+            self._rerankers[spec] = get_reranker(spec, **options)
+        return self._rerankers[spec]
 
     def info(self) -> dict[str, Any]:
         """What the index holds and what it was built with."""

@@ -50,14 +50,14 @@ def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _settings(config_file: str | None, index_path: str | None, store: str | None, url: str | None,
               collection: str | None, model: str | None, query_encoder: str | None,
-              **more: dict[str, Any]) -> Any:
+              sections: dict[str, dict[str, Any]] | None = None) -> Any:
     from vecplug.config import load_settings
 
     overrides: dict[str, dict[str, Any]] = {
         "index": {"path": index_path, "store": store, "url": url, "collection": collection},
         "model": {"document": model, "query": query_encoder},
     }
-    for section, values in more.items():
+    for section, values in (sections or {}).items():
         overrides.setdefault(section, {}).update(values)
     return load_settings(config_file, overrides)
 
@@ -73,13 +73,17 @@ def cli() -> None:
 @_index_options
 @click.option("--lang", help="Language of every document (skips detection), e.g. de.")
 @click.option("--chunk-tokens", type=int, help="Passage size for .txt/.md files, in tokens.")
+@click.option("--debias/--no-debias", default=None,
+              help="A new index searches with the language-bias correction on by default.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_errors
-def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, quiet: bool, **common: Any) -> None:
+def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: bool | None, quiet: bool,
+              **common: Any) -> None:
     """Index the documents under PATH (.txt, .md, .jsonl, .csv)."""
     from vecplug.api import Index
 
-    settings = _settings(**common, corpus={"lang": lang, "chunk_tokens": chunk_tokens})
+    settings = _settings(**common, sections={"corpus": {"lang": lang, "chunk_tokens": chunk_tokens},
+                                             "index": {"debias": debias}})
     with Index.open(settings, create=True) as index:
         report = index.index_path(path, progress=not quiet)
         total = index.store.count()
@@ -99,17 +103,29 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, quiet: bool
 @click.argument("query")
 @_index_options
 @click.option("-k", "k", type=int, help="Number of results [default: 10].")
-@click.option("--mode", type=click.Choice(["xy", "mono"]),
-              help="xy: answers in any language (default); mono: in the query's language.")
+@click.option("--mode", type=click.Choice(["xy", "mono", "prefer"]),
+              help="xy: answers in any language (default); mono: in the query's language; "
+                   "prefer: any language, the query's ranked up.")
 @click.option("--lang", help="The query's language (skips detection).")
+@click.option("--langs", help="Answer only in these languages, e.g. de,fr (xy and prefer).")
+@click.option("--debias/--no-debias", default=None,
+              help="Remove each language's mean vector before scoring [default: the index's setting].")
+@click.option("--rerank", metavar="NAME", help="Second stage: teacher, fields, cross-encoder:MODEL, none.")
+@click.option("--rerank-depth", type=int, help="Candidates the reranker rescores [default: 50].")
+@click.option("--int8", "int8", is_flag=True, default=None,
+              help="Run the query encoder with int8 weights (faster on a CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
-def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, as_json: bool,
-               **common: Any) -> None:
+def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, langs: str | None,
+               debias: bool | None, rerank: str | None, rerank_depth: int | None, int8: bool | None,
+               as_json: bool, **common: Any) -> None:
     """Search the index with QUERY."""
     from vecplug.api import Index
 
-    settings = _settings(**common, search={"k": k, "mode": mode, "lang": lang})
+    settings = _settings(**common, sections={
+        "search": {"k": k, "mode": mode, "lang": lang, "langs": langs, "debias": debias,
+                   "rerank": rerank, "rerank_depth": rerank_depth},
+        "model": {"query_quantize": "int8" if int8 else None}})
     with Index.open(settings) as index:
         result = index.search(query)
     if as_json:

@@ -5,7 +5,7 @@ The YAML file mirrors the sections below (unknown keys are rejected)::
     index:  {path: .vecplug, store: hnswlib, url: null, collection: vecplug}
     model:  {document: me5-small, query_max_length: 64, document_max_length: 256}
     corpus: {chunk_tokens: 200, chunk_overlap: 32, lang: null}
-    search: {k: 10, mode: xy}
+    search: {k: 10, mode: xy, debias: null, rerank: null, rerank_depth: 50}
 
 Each key can also be set from the environment as ``VECPLUG_<SECTION>_<KEY>``, e.g.
 ``VECPLUG_INDEX_STORE=qdrant`` or ``VECPLUG_SEARCH_K=5``; ``VECPLUG_CONFIG`` names a file.
@@ -22,7 +22,8 @@ from typing import Any, Mapping
 
 from vecplug.errors import ConfigError
 
-MODES = ("xy", "mono")
+MODES = ("xy", "mono", "prefer")
+QUANTIZE = ("int8",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class IndexSettings:
     hnsw_m: int = 16
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 64
+    #: language-bias correction on by default for searches of this index (recorded in its
+    #: manifest when the index is created; ``search.debias`` overrides it per search)
+    debias: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class ModelSettings:
     document_prefix: str | None = None
     batch_tokens: int = 8192
     threads: int | None = None
+    #: run the query encoder with int8 weights (torch dynamic quantisation of its linear
+    #: layers): faster on a CPU; its quality is measured in the README
+    query_quantize: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,18 @@ class SearchSettings:
     mode: str = "xy"
     #: the query's language (skips detection)
     lang: str | None = None
+    #: answer only in these languages (xy and prefer modes); empty = every language
+    langs: tuple[str, ...] = ()
+    #: prefer mode: added to the score of documents in the query's language
+    prefer_boost: float = 0.05
+    #: remove each language's mean vector before scoring (None: the index's setting)
+    debias: bool | None = None
+    #: second stage: teacher, fields, cross-encoder:MODEL, or a plugin's name (None: off)
+    rerank: str | None = None
+    #: first-stage candidates the reranker rescores
+    rerank_depth: int = 50
+    #: token limit of a cross-encoder's (query, document) pair
+    rerank_max_length: int = 256
 
 
 @dataclass(frozen=True)
@@ -86,9 +105,14 @@ class Settings:
         for name, value in (("search.k", self.search.k), ("corpus.chunk_tokens", self.corpus.chunk_tokens),
                             ("model.query_max_length", self.model.query_max_length),
                             ("model.document_max_length", self.model.document_max_length),
-                            ("model.batch_tokens", self.model.batch_tokens)):
+                            ("model.batch_tokens", self.model.batch_tokens),
+                            ("search.rerank_depth", self.search.rerank_depth),
+                            ("search.rerank_max_length", self.search.rerank_max_length)):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+        if self.model.query_quantize not in (None, *QUANTIZE):
+            raise ConfigError(f"model.query_quantize must be one of {', '.join(QUANTIZE)} or null, "
+                              f"not '{self.model.query_quantize}'")
         if not 0 <= self.corpus.chunk_overlap < self.corpus.chunk_tokens:
             raise ConfigError("corpus.chunk_overlap must be >= 0 and smaller than corpus.chunk_tokens")
         return self
@@ -128,6 +152,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where}: expected a string, got {value!r}")

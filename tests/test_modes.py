@@ -1,0 +1,154 @@
+"""Retrieval modes and the language-bias correction (vecplug.adapters.modes / bias)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vecplug
+from vecplug.adapters.bias import SHRINK, LanguageStats
+from vecplug.adapters.modes import apply_preference, first_stage, target_languages
+from vecplug.adapters.stores import Record, StoreHit, get_store_class
+from vecplug.errors import ConfigError
+from vecplug.indexer import pipeline
+
+DIM = 8
+COPIES = 20
+
+
+def biased_corpus(seed: int = 0) -> tuple[list[Record], np.ndarray, dict[str, np.ndarray]]:
+    """Topic t in language L: topic direction + a strong per-language direction, so that a
+    raw cosine ranks any same-language document above the right topic in another language."""
+    rng = np.random.default_rng(seed)
+    lang_dirs = {"en": np.eye(DIM)[0] * 3.0, "de": np.eye(DIM)[1] * 3.0}
+    topics = [np.eye(DIM)[2 + t] for t in range(5)]
+    records, vecs = [], []
+    for lang, offset in lang_dirs.items():
+        for t, topic in enumerate(topics):
+            for copy in range(COPIES):  # enough documents per language for a firm mean
+                v = topic * 2.0 + offset + rng.normal(scale=0.05, size=DIM)
+                records.append(Record(f"{lang}-{t}-{copy}", f"topic {t}", "x", t, lang))
+                vecs.append(v / np.linalg.norm(v))
+    return records, np.asarray(vecs, dtype=np.float32), lang_dirs
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    records, vecs, _ = biased_corpus()
+    s = get_store_class("hnswlib").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    s.upsert(records, vecs)
+    s.commit()
+    yield s
+    s.close()
+
+
+def query(topic: int, lang_dirs: dict[str, np.ndarray], lang: str = "en") -> np.ndarray:
+    v = np.eye(DIM)[2 + topic] * 2.0 + lang_dirs[lang]
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def test_target_languages() -> None:
+    assert target_languages("xy", "en") is None
+    assert target_languages("xy", "en", ["de", "fr"]) == ["de", "fr"]
+    assert target_languages("mono", "en", ["de"]) == ["en"]
+    with pytest.raises(ConfigError, match="--lang"):
+        target_languages("mono", "und")
+    with pytest.raises(ConfigError, match="unknown mode"):
+        target_languages("zz", "en")
+
+
+def test_language_bias_is_corrected(store) -> None:
+    records, vecs, dirs = biased_corpus()
+    stats = LanguageStats(DIM)
+    stats.add([r.lang for r in records], vecs)
+    means = stats.means()
+    q = query(3, dirs)
+    raw = first_stage(store, q, "en", "xy", 2 * COPIES)
+    # without the correction every English document beats the German ones on the same topic
+    assert {h.record.lang for h in raw} == {"en"}
+    fixed = first_stage(store, q, "en", "xy", 2 * COPIES, means=means)
+    assert {h.record.position for h in fixed} == {3} and {h.record.lang for h in fixed} == {"en", "de"}
+    # centred scores are exact cosines of centred vectors
+    de = next(h for h in fixed if h.record.lang == "de")
+    d = vecs[[r.id for r in records].index(de.record.id)] - means.of("de")
+    qc = q - means.of("en")
+    assert de.score == pytest.approx(float(d @ qc / np.linalg.norm(d) / np.linalg.norm(qc)), abs=1e-5)
+    # mono is untouched by the correction; target languages restrict the pool
+    assert [h.record.lang for h in first_stage(store, q, "en", "mono", 3, means=means)] == ["en"] * 3
+    assert {h.record.lang for h in first_stage(store, q, "en", "xy", 3, ["de"], means)} == {"de"}
+
+
+def test_prefer_ranks_the_query_language_up(store) -> None:
+    _, _, dirs = biased_corpus()
+    hits = [StoreHit(Record("a", "", "", 0, "de"), 0.80), StoreHit(Record("b", "", "", 0, "en"), 0.77),
+            StoreHit(Record("c", "", "", 0, "en"), 0.60)]
+    assert [h.record.id for h in apply_preference(hits, "en", 0.05)] == ["b", "a", "c"]
+    assert [h.record.id for h in apply_preference(hits, "en", 0.01)] == ["a", "b", "c"]
+    # the candidates of prefer include the query language's best even when the pool's are all others
+    cands = first_stage(store, query(1, dirs), "en", "prefer", 2, ["de"])
+    assert {h.record.lang for h in cands} == {"de"}  # en is outside the chosen languages
+    cands = first_stage(store, query(1, dirs, "de"), "en", "prefer", 2)
+    assert "en" in {h.record.lang for h in cands}
+
+
+def test_shrinkage_keeps_a_lone_document() -> None:
+    stats = LanguageStats(2)
+    stats.add(["en"] * 4 + ["xx"], np.asarray([[1, 0]] * 4 + [[0, 1]], dtype=np.float32))
+    means = stats.means()
+    glob = np.asarray([0.8, 0.2])
+    assert means.of("xx") == pytest.approx((np.asarray([0, 1]) + SHRINK * glob) / (1 + SHRINK))
+    assert means.of(None) == pytest.approx(glob)  # unknown language: the overall mean
+    assert np.linalg.norm(means.centre(np.asarray([[0, 1]], np.float32), ["xx"])) == pytest.approx(1.0)
+
+
+def test_pipeline_keeps_stats_in_step(tmp_path: Path, fake_encoder) -> None:
+    """Running sums in the manifest equal a fit from the stored vectors after adds and edits."""
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), fake_encoder.dim,
+                                              {"dim": fake_encoder.dim}, {})
+    docs = [vecplug.Document(f"d{i}", f"word{i} shared", "s", i, "en" if i % 2 else "de") for i in range(10)]
+    stats = LanguageStats(fake_encoder.dim)
+    pipeline.run(docs, fake_encoder, store, Record.from_document, None, progress=False, stats=stats,
+                 commit_every=3)
+    edited = [vecplug.Document("d3", "something else", "s", 3, "fr"), vecplug.Document("d4", "word4 shared", "s", 4, "de")]
+    pipeline.run(edited, fake_encoder, store, Record.from_document, None, progress=False, stats=stats)
+    stored = LanguageStats.from_manifest(store.manifest)
+    fitted = LanguageStats.fit(store)
+    assert stored.counts == fitted.counts == {"de": 5, "en": 4, "fr": 1}
+    for lang in fitted.counts:
+        assert stored.sums[lang] == pytest.approx(fitted.sums[lang], abs=1e-5)
+    store.close()
+
+
+def test_api_modes_debias_and_batch(tmp_path: Path, tiny_model: Path) -> None:
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx"), "debias": True},
+                                                "model": {"document": str(tiny_model)}})
+    docs = [vecplug.Document("en1", "water boils at one hundred degrees", "s", 0, "en"),
+            vecplug.Document("de1", "wasser kocht bei hundert grad", "s", 1, "de"),
+            vecplug.Document("es1", "el agua hierve a cien grados", "s", 2, "es"),
+            vecplug.Document("en2", "the quick brown fox", "s", 3, "en")]
+    with vecplug.create_index(settings=settings) as index:
+        index.add_documents(docs)
+        assert index.manifest["debias"] is True
+        assert index.manifest["language_stats"]["counts"] == {"de": 1, "en": 2, "es": 1}
+    index = vecplug.open_index(str(tmp_path / "idx"))
+    try:
+        batch = index.search_batch(["water boils", "wasser kocht"], k=4, langs=["en", "de"])
+        single = [index.search("water boils", k=4, lang="en"), index.search("wasser kocht", k=4, lang="de")]
+        for b, s in zip(batch, single):
+            assert [h.id for h in b] == [h.id for h in s]
+            assert [h.score for h in b] == pytest.approx([h.score for h in s], abs=1e-5)
+            assert b.vector.shape == (index.encoder.dim,)
+            # the reported scores are the exact (centred) scores of those documents
+            assert index.score_ids(b.vector, [h.id for h in b], b.lang) == \
+                pytest.approx([h.score for h in b], abs=1e-5)
+        raw = index.search("water boils", k=4, lang="en", debias=False)
+        assert raw[0].score != pytest.approx(batch[0][0].score)
+        mono = index.search("water boils", k=4, mode="mono", lang="en")
+        assert {h.lang for h in mono} == {"en"} and len(mono) == 2
+        only = index.search("water boils", k=4, lang="en", langs=["de", "es"])
+        assert {h.lang for h in only} == {"de", "es"}
+        pref = index.search("water boils", k=4, mode="prefer", lang="es")
+        assert pref.mode == "prefer" and len(pref) == 4
+    finally:
+        index.close()
