@@ -61,3 +61,21 @@ def test_hub_ids_are_fetched_from_the_hub_and_fail_clearly_offline() -> None:
     # HF_HUB_OFFLINE=1 (conftest): the real download path runs and reports its failure
     with pytest.raises(ModelError, match="could not get model 'intfloat/multilingual-e5-small'"):
         resolve_model("intfloat/multilingual-e5-small")
+
+
+def test_int8_query_encoder(tiny_model: Path) -> None:
+    import torch
+
+    fp32 = Encoder.from_specs(str(tiny_model))
+    int8 = Encoder.from_specs(str(tiny_model), query_quantize="int8")
+    # the int8 query side is its own copy: documents are still encoded in fp32
+    assert int8.query is not int8.document
+    assert not any(type(m) is torch.nn.Linear for m in int8.query.model.modules())
+    assert any(type(m) is torch.nn.Linear for m in int8.document.model.modules())
+    np.testing.assert_allclose(int8.encode_documents(TEXTS), fp32.encode_documents(TEXTS), atol=1e-6)
+    a, b = fp32.encode_queries(TEXTS), int8.encode_queries(TEXTS)
+    assert not np.allclose(a, b, atol=1e-6)  # it really runs other weights
+    assert (a * b).sum(1).min() > 0.95  # and stays close to the fp32 vectors
+    assert int8.describe()["query_quantize"] == "int8"
+    with pytest.raises(Exception, match="unknown quantisation"):
+        TextEncoder(resolve_model(str(tiny_model)), quantize="int4")
