@@ -337,8 +337,10 @@ class Index:
 
     def info(self) -> dict[str, Any]:
         """What the index holds and what it was built with."""
+        manifest = self.manifest
+        manifest.pop("language_stats", None)  # hundreds of numbers per language: not for reading
         return {"location": _store_target(self.settings)[1], "documents": self.store.count(),
-                "languages": self.store.languages(), "manifest": self.manifest}
+                "languages": self.store.languages(), "manifest": manifest}
 
     def close(self) -> None:
         if self.store is not None:

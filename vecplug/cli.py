@@ -164,6 +164,8 @@ def info_cmd(as_json: bool, **common: Any) -> None:
     click.echo(f"dimension {m.get('dim')}, {m.get('pooling')} pooling, normalised {m.get('normalize')}, "
                f"prefixes {m.get('query_prefix')!r} / {m.get('document_prefix')!r}, "
                f"max tokens {m.get('query_max_length')} / {m.get('document_max_length')}")
+    click.echo(f"language-bias correction: {'on' if m.get('debias') else 'off'} by default "
+               "(--debias/--no-debias per search)")
     click.echo(f"built by vecplug {m.get('vecplug_version')}, created {m.get('created')}, "
                f"updated {m.get('updated', '-')}")
 
@@ -254,6 +256,61 @@ def models_build(name: str, force: bool) -> None:
 
     path = build_builtin(name, force=force)
     click.echo(f"{name}: {path} (sha256 {folder_checksum(path)})")
+
+
+@cli.command("eval")
+@click.argument("dataset")
+@click.option("--langs", help="XQuAD-R languages to pool, e.g. ar,de [default: every <lang>.json].")
+@click.option("--split", help="BEIR qrels split [default: test, or the only one].")
+@click.option("--model", help="Document encoder: built-in name, folder or hub id "
+                              "[default: the index's, or me5-small].")
+@click.option("--query-encoder", "query_encoders", multiple=True,
+              help="Query encoder of a run (repeatable) [default: the index's default student].")
+@click.option("--mode", "modes", multiple=True, type=click.Choice(["xy", "mono", "prefer"]),
+              help="Mode of a run (repeatable) [default: xy and mono].")
+@click.option("--rerank", "reranks", multiple=True,
+              help="Second stage of a run: teacher, fields, cross-encoder:MODEL or none (repeatable) "
+                   "[default: none].")
+@click.option("--rerank-depth", type=click.IntRange(min=1), help="Candidates a reranker rescores.")
+@click.option("--debias", type=click.Choice(["on", "off", "both"]),
+              help="Language-bias correction: on, off, or both (a run with and one without) "
+                   "[default: the index's setting].")
+@click.option("--no-debias", is_flag=True, help="Same as --debias off.")
+@click.option("--index", "index_path", metavar="DIR",
+              help="Build the index here and keep it; reused when it holds the dataset's documents "
+                   "[default: a temporary folder].")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Write report.md, report.json and heatmap-*.svg into this folder.")
+@click.option("--limit", type=click.IntRange(min=1), help="Only the first N queries of each language.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@_errors
+def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | None,
+             query_encoders: tuple[str, ...], modes: tuple[str, ...], reranks: tuple[str, ...],
+             rerank_depth: int | None, debias: str | None, no_debias: bool, index_path: str | None,
+             out: str | None, limit: int | None, quiet: bool) -> None:
+    """Score retrievers on DATASET and print a Markdown report.
+
+    DATASET is xquad-r:PATH (a folder of <lang>.json), beir:PATH (corpus.jsonl, queries.jsonl,
+    qrels/SPLIT.tsv) or a folder of either kind. One run per combination of --query-encoder,
+    --mode, --rerank and --debias.
+    """
+    from vecplug.evaluate import evaluate, make_runs
+    from vecplug.indexer.datasets import load_dataset
+
+    lang_list = [v.strip() for v in (langs or "").split(",") if v.strip()] or None
+    data = load_dataset(dataset, langs=lang_list, split=split).limited(limit)
+    choice = "off" if no_debias and debias in (None, "off") else ("both" if no_debias else debias)
+    debias_values = {None: [None], "on": [True], "off": [False], "both": [False, True]}[choice]
+    runs = make_runs(query_encoders or [None], modes, reranks or [None], debias_values)
+    log = None if quiet else (lambda message: click.echo(message, err=True))
+    report = evaluate(data, runs, index_dir=index_path, model=model, rerank_depth=rerank_depth,
+                      progress=not quiet, log=log)
+    for problem in data.problems:
+        click.echo(f"skipped {problem}", err=True)
+    click.echo(report.markdown())
+    if out:
+        for path in report.write(out):
+            click.echo(f"wrote {path}", err=True)
 
 
 def main() -> None:

@@ -1,0 +1,663 @@
+"""Scoring retrievers on an evaluation dataset (``vecplug eval``).
+
+One index of the dataset's documents is built with the document encoder (or reused), then
+each *run* searches every query in one batch and is scored:
+
+* a :class:`Run` is a query encoder (None: the index's default student), a mode (``xy``:
+  every language pooled; ``mono``: the query's language only; ``prefer``: pooled, the query's
+  language ranked up), a reranker (None: none) and the language-bias correction (None: the
+  index's setting);
+* pooled modes (``xy``, ``prefer``) are scored with the dataset's ``qrels`` (for XQuAD-R the
+  answer sentence in every language, LAReQA's X-Y); ``mono`` with ``mono_qrels`` when the
+  dataset has them, else ``qrels`` restricted to documents in the query's language;
+* per run: mAP@20 (LAReQA's AP), nDCG@10, MRR@10, recall@20, P@1, overall, per query
+  language and (pooled) per document language; the language-bias measures; a question
+  language x document language matrix (share of queries whose relevant document of that
+  language is in the top 20); and time per query from the results' ``seconds``.
+
+:class:`EvalReport` renders the Markdown report, the JSON with every number and one SVG
+heatmap of the language-pair matrix per pooled run.
+
+The searching is done through two methods of :class:`vecplug.api.Index`, ``search_batch``
+and ``score_ids`` (:class:`SearchIndex`), so :func:`score_runs` can be tested with any
+object that has them. Evaluation data is only ever searched, never trained on.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from xml.sax.saxutils import escape
+
+from vecplug import metrics
+from vecplug.errors import ConfigError, VecplugError
+from vecplug.indexer.datasets import EvalDataset, EvalQuery
+from vecplug.report import fmt, header_markdown, markdown_table, pct
+
+MODES = ("xy", "mono", "prefer")
+#: modes whose pool holds every language: scored with the pooled qrels, and with bias measures
+POOLED = ("xy", "prefer")
+DEFAULT_MODES = ("xy", "mono")
+MODE_TITLES = {
+    "xy": "X-Y: every language pooled",
+    "mono": "X-X-mono: the query's language only",
+    "prefer": "prefer: every language pooled, the query's ranked up",
+}
+#: results asked for per query (the deepest cut-off below)
+DEPTH = 20
+#: (key, label) of the per-query metrics, in report order
+METRICS: tuple[tuple[str, str], ...] = (
+    ("map@20", "mAP@20"), ("ndcg@10", "nDCG@10"), ("mrr@10", "MRR@10"),
+    ("recall@20", "recall@20"), ("p@1", "P@1"))
+#: the metric of the per-language tables, by mode
+HEADLINE = {"xy": "map@20", "prefer": "map@20", "mono": "mrr@10"}
+#: top-k whose same-language share measures language bias
+BIAS_K = 10
+#: cut-off of the per-document-language recall and the language-pair matrix
+PAIR_K = 20
+
+#: LAReQA's published figures (../shared/docs/anchors.md): a different setting, for orientation.
+LAREQA_REFERENCE: dict[str, Any] = {
+    "source": "LAReQA (Roy et al. 2020, arXiv 2004.05484), ../shared/docs/anchors.md",
+    "setting": ("mBERT dual encoders fine-tuned on SQuAD and its translations, XQuAD-R with 11 "
+                "languages pooled; every figure is the pooled X-Y mAP@20 of a model trained in the "
+                "named setup ('X-X-mono' names a training setup, not a same-language pool)"),
+    "metric": "map@20",
+    "figures": {"trained X-Y": 0.66, "trained X-X-mono": 0.52},
+}
+
+
+class SearchIndex(Protocol):
+    """What :func:`score_runs` needs of an index (:class:`vecplug.api.Index` has it)."""
+
+    def search_batch(self, queries: Sequence[str], k: int, *, mode: str,
+                     langs: Sequence[str | None] | None = None,
+                     target_langs: Sequence[str] | None = None, rerank: str | None = None,
+                     rerank_depth: int | None = None, debias: bool | None = None,
+                     progress: bool = False) -> list[Any]: ...
+
+    def score_ids(self, vector: Any, ids: Sequence[str], query_lang: str | None,
+                  debias: bool | None = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+# -- runs -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Run:
+    """One retriever configuration to score.
+
+    ``query_encoder`` None: the index's default; ``rerank`` None: no second stage; ``debias``
+    None: the index's setting. ``label`` names the run in the report (unique per mode).
+    """
+
+    label: str
+    query_encoder: str | None = None
+    mode: str = "xy"
+    rerank: str | None = None
+    debias: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode '{self.mode}'; modes: {', '.join(MODES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "query_encoder": self.query_encoder, "mode": self.mode,
+                "rerank": self.rerank, "debias": self.debias}
+
+
+def run_label(query_encoder: str | None, rerank: str | None, debias: bool | None) -> str:
+    """A short name: the query encoder (a folder by its name), then rerank and debias if set."""
+    parts = ["default query encoder" if query_encoder is None
+             else Path(query_encoder).name if Path(query_encoder).exists() else query_encoder]
+    if rerank:
+        parts.append(f"rerank {rerank}")
+    if debias is not None:
+        parts.append("debias" if debias else "no debias")
+    return " + ".join(parts)
+
+
+def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[str] = DEFAULT_MODES,
+              reranks: Sequence[str | None] = (None,),
+              debias: Sequence[bool | None] = (None,)) -> list[Run]:
+    """Every combination of the given query encoders, modes, rerankers and debias settings,
+    mode by mode (so each mode's table lists its runs side by side)."""
+    def unique(values: Sequence[Any]) -> list[Any]:
+        return list(dict.fromkeys(values)) or [None]
+
+    runs = []
+    for mode in unique(modes) if modes else list(DEFAULT_MODES):
+        for q in unique(query_encoders):
+            for r in unique([None if r in (None, "", "none") else r for r in reranks]):
+                for d in unique(debias):
+                    runs.append(Run(run_label(q, r, d), q, mode, r, d))
+    return runs
+
+
+# -- scoring ----------------------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    """The scores of one run: the aggregates (``summary``) and every query's numbers."""
+
+    run: Run
+    summary: dict[str, Any]
+    queries: list[dict[str, Any]]
+    #: the encoders the index searched with (``describe()``), when known
+    encoder: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run.to_dict(), "encoder": self.encoder, "summary": self.summary,
+                "queries": self.queries}
+
+
+def mode_qrels(dataset: EvalDataset, mode: str, query: EvalQuery, query_lang: str | None,
+               doc_langs: Mapping[str, str | None]) -> dict[str, int]:
+    """The relevance a query is scored with in ``mode`` (see the module docstring)."""
+    qrels = dataset.qrels.get(query.id, {})
+    if mode in POOLED:
+        return dict(qrels)
+    if dataset.mono_qrels is not None:
+        return dict(dataset.mono_qrels.get(query.id, {}))
+    return {d: g for d, g in qrels.items() if doc_langs.get(d) == query_lang}
+
+
+def score_query(ranked: Sequence[str], hit_langs: Sequence[str | None], relevance: Mapping[str, int],
+                query_lang: str | None, doc_langs: Mapping[str, str | None], pooled: bool) -> dict[str, Any]:
+    """One query's metrics; pooled modes add the language-bias shares and, per document
+    language, the recall@20 of the relevant documents in that language."""
+    row: dict[str, Any] = {
+        "map@20": metrics.average_precision_at_k(ranked, relevance, 20),
+        "ndcg@10": metrics.ndcg_at_k(ranked, relevance, 10),
+        "mrr@10": metrics.reciprocal_rank_at_k(ranked, relevance, 10),
+        "recall@20": metrics.recall_at_k(ranked, relevance, 20),
+        "p@1": metrics.precision_at_1(ranked, relevance),
+    }
+    if pooled:
+        relevant = metrics.relevant_ids(relevance)
+        row["same_lang@10"] = metrics.same_language_share(hit_langs, query_lang, BIAS_K)
+        row["expected_same_lang"] = metrics.expected_same_language_share(
+            [doc_langs.get(d) for d in sorted(relevant)], query_lang)
+        by_lang: dict[str, set[str]] = defaultdict(set)
+        for d in relevant:
+            by_lang[doc_langs.get(d) or "und"].add(d)
+        row["found@20"] = {lang: metrics.recall_at_k(ranked, ids, PAIR_K) for lang, ids in sorted(by_lang.items())}
+    return row
+
+
+def _score_gap(index: SearchIndex, result: Any, relevance: Mapping[str, int], query_lang: str | None,
+               doc_langs: Mapping[str, str | None], debias: bool | None) -> float | None:
+    """First-stage score of the relevant same-language document(s) minus that of the relevant
+    other-language ones, for one query (None when it has not both)."""
+    vector = getattr(result, "vector", None)
+    relevant = sorted(metrics.relevant_ids(relevance))
+    same = [d for d in relevant if doc_langs.get(d) == query_lang]
+    other = [d for d in relevant if doc_langs.get(d) != query_lang]
+    if vector is None or not same or not other:
+        return None
+    scores = [float(s) for s in index.score_ids(vector, same + other, query_lang, debias=debias)]
+    return metrics.relevant_score_gap(scores[:len(same)], scores[len(same):])
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]], pooled: bool) -> dict[str, Any]:
+    """Means of the per-query rows: overall, per query language and, pooled, per document
+    language, per language pair and the bias measures."""
+    def means(subset: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"queries": len(subset)}
+        for key, _ in METRICS:
+            out[key] = metrics.mean([r[key] for r in subset])
+        return out
+
+    by_lang: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_lang[r["lang"]].append(r)
+    summary: dict[str, Any] = {"overall": means(rows),
+                               "by_query_lang": {lang: means(v) for lang, v in sorted(by_lang.items())}}
+    seconds = [r["seconds"] for r in rows]
+    summary["timing"] = {"seconds": float(sum(seconds)),
+                         "ms_per_query": 1000 * metrics.mean(seconds) if seconds else None}
+    if not pooled:
+        return summary
+    found: dict[str, list[float]] = defaultdict(list)
+    pairs: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        for dlang, value in r["found@20"].items():
+            found[dlang].append(value)
+            pairs[r["lang"]][dlang].append(value)
+    summary["by_doc_lang"] = {lang: {"recall@20": metrics.mean(v), "queries": len(v)}
+                              for lang, v in sorted(found.items())}
+    summary["pairs"] = {q: {d: metrics.mean(v) for d, v in sorted(cols.items())}
+                        for q, cols in sorted(pairs.items())}
+    share = metrics.mean([r["same_lang@10"] for r in rows])
+    expected = metrics.mean([r["expected_same_lang"] for r in rows])
+    gaps = [r["score_gap"] for r in rows if r.get("score_gap") is not None]
+    summary["bias"] = {
+        "same_lang@10": share, "expected_same_lang": expected,
+        "excess": share - expected if share is not None and expected is not None else None,
+        "score_gap": metrics.mean(gaps), "score_gap_queries": len(gaps),
+        "by_query_lang": {lang: {"same_lang@10": metrics.mean([r["same_lang@10"] for r in v]),
+                                 "expected_same_lang": metrics.mean([r["expected_same_lang"] for r in v]),
+                                 "score_gap": metrics.mean([r.get("score_gap") for r in v])}
+                          for lang, v in sorted(by_lang.items())},
+    }
+    return summary
+
+
+def score_runs(dataset: EvalDataset, runs: Sequence[Run],
+               open_index: Callable[[str | None], SearchIndex], *,
+               doc_langs: Mapping[str, str | None] | None = None, k: int = DEPTH,
+               rerank_depth: int | None = None, progress: bool = False,
+               log: Callable[[str], None] | None = None) -> list[RunResult]:
+    """Search every query of ``dataset`` once per run and score the results.
+
+    ``open_index(query_encoder)`` opens the index for a query encoder (None: its default); it
+    is opened once per distinct query encoder and closed after that encoder's runs.
+    ``doc_langs`` maps document ids to their language (default: the dataset's documents').
+    Results come back in the order of ``runs``.
+    """
+    _check_runs(runs)
+    if doc_langs is None:
+        doc_langs = {d.id: d.lang for d in dataset.documents}
+    queries = dataset.queries
+    if not queries:
+        raise VecplugError(f"{dataset.name}: no queries to evaluate")
+    texts = [q.text for q in queries]
+    given = [q.lang for q in queries]
+    results: dict[int, RunResult] = {}
+    by_encoder: dict[str | None, list[int]] = defaultdict(list)
+    for i, run in enumerate(runs):
+        by_encoder[run.query_encoder].append(i)
+    for query_encoder, indices in by_encoder.items():
+        index = open_index(query_encoder)
+        try:
+            encoder = _describe(index)
+            for i in indices:
+                run = runs[i]
+                if log:
+                    log(f"{run.mode}: {run.label} ({len(queries)} queries)")
+                # "none" (not None) so that a reranker named in the settings does not sneak in
+                found = index.search_batch(texts, k, mode=run.mode, langs=given, target_langs=(),
+                                           rerank=run.rerank or "none", rerank_depth=rerank_depth,
+                                           debias=run.debias, progress=progress)
+                if len(found) != len(queries):
+                    raise VecplugError(f"search_batch returned {len(found)} results for {len(queries)} queries")
+                pooled = run.mode in POOLED
+                rows = []
+                skipped = 0
+                for q, result in zip(queries, found):
+                    qlang = q.lang or getattr(result, "lang", None) or "und"
+                    relevance = mode_qrels(dataset, run.mode, q, qlang, doc_langs)
+                    if not metrics.relevant_ids(relevance):
+                        skipped += 1  # nothing to find in this mode (e.g. mono, no same-language answer)
+                        continue
+                    hits = list(result.hits)
+                    row = {"id": q.id, "lang": qlang, "detected": getattr(result, "lang", None),
+                           "seconds": float(result.seconds),
+                           **score_query([h.id for h in hits], [h.lang for h in hits], relevance, qlang,
+                                         doc_langs, pooled)}
+                    if pooled:
+                        row["score_gap"] = _score_gap(index, result, relevance, qlang, doc_langs, run.debias)
+                    rows.append(row)
+                summary = aggregate(rows, pooled)
+                summary["skipped_queries"] = skipped
+                results[i] = RunResult(run, summary, rows, encoder)
+        finally:
+            index.close()
+    return [results[i] for i in range(len(runs))]
+
+
+def _check_runs(runs: Sequence[Run]) -> None:
+    if not runs:
+        raise ConfigError("no runs to evaluate")
+    seen: set[tuple[str, str]] = set()
+    for run in runs:
+        if (run.mode, run.label) in seen:
+            raise ConfigError(f"two runs in mode {run.mode} are both labelled '{run.label}'")
+        seen.add((run.mode, run.label))
+
+
+def _describe(index: Any) -> dict[str, Any] | None:
+    """The index's encoder description, if it has one (stand-ins in tests need not)."""
+    encoder = getattr(index, "encoder", None)
+    describe = getattr(encoder, "describe", None)
+    return describe() if callable(describe) else None
+
+
+# -- the whole evaluation -----------------------------------------------------------------------
+
+@dataclass
+class EvalReport:
+    """Everything one evaluation measured; :meth:`markdown`, :meth:`to_dict` and
+    :meth:`heatmaps` render it, :meth:`write` saves all three."""
+
+    machine: dict[str, Any]
+    dataset: dict[str, Any]
+    index: dict[str, Any]
+    settings: dict[str, Any]
+    results: list[RunResult]
+    references: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every number, JSON-ready."""
+        return {"machine": self.machine, "dataset": self.dataset, "index": self.index,
+                "settings": self.settings, "references": self.references,
+                "runs": [r.to_dict() for r in self.results]}
+
+    def markdown(self) -> str:
+        return render_markdown(self)
+
+    def heatmaps(self) -> dict[str, str]:
+        """``{file name: SVG}``: the language-pair matrix of each pooled run."""
+        langs = self.dataset.get("languages") or None
+        out: dict[str, str] = {}
+        for r in self.results:
+            if r.run.mode not in POOLED or not r.summary.get("pairs"):
+                continue
+            name = heatmap_name(r.run)
+            rows = _ordered(r.summary["pairs"].keys(), langs)
+            cols = _ordered({d for v in r.summary["pairs"].values() for d in v}, langs)
+            out[name] = heatmap_svg(
+                r.summary["pairs"], rows, cols,
+                f"{self.dataset['name']}, {r.run.mode}: {r.run.label}",
+                subtitle=f"share of queries whose relevant document in that language is in the top {PAIR_K}")
+        return out
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """Write ``report.md``, ``report.json`` and ``heatmap-*.svg`` into ``out_dir``."""
+        from vecplug.fsutil import atomic_write_bytes
+
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {"report.md": self.markdown() + "\n",
+                 "report.json": json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n",
+                 **self.heatmaps()}
+        written = []
+        for name, text in files.items():
+            atomic_write_bytes(folder / name, text.encode("utf-8"))
+            written.append(folder / name)
+        return written
+
+
+def dataset_summary(dataset: EvalDataset) -> dict[str, Any]:
+    """Counts and provenance of a dataset, for the report."""
+    docs = dataset.document_languages()
+    queries = dataset.query_languages()
+    judged = sum(len(metrics.relevant_ids(v)) for v in dataset.qrels.values())
+    langs = dataset.info.get("langs") or sorted({k for k in docs if k} | {k for k in queries if k})
+    return {
+        "name": dataset.name, **{k: v for k, v in dataset.info.items() if k != "langs"},
+        "languages": list(langs),
+        "documents": len(dataset.documents),
+        "documents_by_lang": {str(k): v for k, v in sorted(docs.items(), key=lambda kv: str(kv[0]))},
+        "queries": len(dataset.queries),
+        "queries_by_lang": {str(k): v for k, v in sorted(queries.items(), key=lambda kv: str(kv[0]))},
+        "relevant_pairs": judged,
+        "mono_qrels": dataset.mono_qrels is not None,
+        "problems": [str(p) for p in dataset.problems],
+    }
+
+
+def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path | None = None,
+             model: str | None = None, k: int = DEPTH, rerank_depth: int | None = None,
+             references: Sequence[Mapping[str, Any]] | None = None, progress: bool = False,
+             command: str | None = None, log: Callable[[str], None] | None = None) -> EvalReport:
+    """Index ``dataset``'s documents with the document encoder ``model`` and score ``runs``.
+
+    ``index_dir``: an index folder to build into and keep, or to reuse when it already holds the
+    dataset's documents (unchanged documents are not encoded again); one that holds other
+    documents is refused. Default: a temporary folder, removed at the end. ``references``:
+    published figures to print beside the results, clearly as another setting (default: LAReQA's
+    for XQuAD-R, none otherwise). ``command`` is recorded in the report header (default: this
+    process's command line).
+    """
+    from vecplug.api import Index, settings_for
+    from vecplug.report import machine_info
+
+    _check_runs(runs)
+    info = machine_info(command)
+    if references is None:
+        references = [LAREQA_REFERENCE] if dataset.info.get("format") == "xquad-r" else []
+    tmp = None
+    if index_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="vecplug-eval-")
+        path = Path(tmp.name) / "index"
+    else:
+        path = Path(index_dir)
+    try:
+        index_info, doc_langs = _build_index(dataset, str(path), model, progress, log)
+        index_info["path"] = None if tmp is not None else str(path)
+
+        def open_for(query_encoder: str | None) -> SearchIndex:
+            return Index.open(settings_for(str(path), model={"document": model, "query": query_encoder}))
+
+        results = score_runs(dataset, runs, open_for, doc_langs=doc_langs, k=k,
+                             rerank_depth=rerank_depth, progress=progress, log=log)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    settings = {"k": k, "rerank_depth": rerank_depth, "bias_k": BIAS_K, "pair_k": PAIR_K,
+                "metrics": [key for key, _ in METRICS],
+                "map_definition": "LAReQA AP@k: sum of precision at each relevant rank <= k, over min(R, k)",
+                "ndcg_gains": "linear (the grade), log2(rank + 1) discount",
+                "runs": [r.to_dict() for r in runs]}
+    return EvalReport(info, dataset_summary(dataset), index_info, settings, results,
+                      [dict(r) for r in references])
+
+
+def _build_index(dataset: EvalDataset, path: str, model: str | None, progress: bool,
+                 log: Callable[[str], None] | None) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """Create or update the index at ``path`` so that it holds exactly the dataset's documents;
+    returns what was done and every document's language as stored."""
+    from vecplug.api import Index, settings_for
+
+    wanted = {d.id for d in dataset.documents}
+    with Index.open(settings_for(path, model={"document": model}), create=True) as index:
+        existing = set(index.store.ids())
+        extra = existing - wanted
+        if extra:
+            example = ", ".join(sorted(extra)[:3])
+            raise VecplugError(f"the index at {path} holds {len(extra)} documents that are not in "
+                               f"{dataset.name} (e.g. {example}): give an empty or new --index folder")
+        if log:
+            log(f"indexing {len(dataset.documents)} documents into {path}"
+                + (f" ({len(existing)} already there)" if existing else ""))
+        report = index.add_documents(dataset.documents, progress=progress)
+        # the language a document was stored with is the one mono filters by; read back those
+        # the dataset did not give (detected while indexing)
+        doc_langs: dict[str, str | None] = {d.id: d.lang for d in dataset.documents if d.lang}
+        unknown = [d.id for d in dataset.documents if not d.lang]
+        for start in range(0, len(unknown), 1000):
+            for record in index.store.get(unknown[start:start + 1000]):
+                doc_langs[record.id] = record.lang
+        count = index.store.count()
+        encoder = index.encoder.describe()
+    return ({"reused": bool(existing) and report.documents == 0, "documents": count,
+             "report": report.to_dict(), "encoder": encoder}, doc_langs)
+
+
+# -- the Markdown report ----------------------------------------------------------------------
+
+def _ordered(values: Iterable[str], preferred: Sequence[str] | None) -> list[str]:
+    """``values`` in the dataset's language order, others after, sorted."""
+    values = set(values)
+    first = [v for v in (preferred or []) if v in values]
+    return first + sorted(values - set(first))
+
+
+def render_markdown(report: EvalReport) -> str:
+    """The report: header, one table per mode with the runs side by side, per-language tables,
+    the bias measures, the language pairs and the reference figures."""
+    d, ix, st = report.dataset, report.index, report.settings
+    langs = d.get("languages") or []
+    out: list[str] = [header_markdown(f"vecplug eval: {d['name']}", report.machine), ""]
+
+    def counts(by_lang: Mapping[str, int]) -> str:
+        return ", ".join(f"{k} {v:,}" for k, v in by_lang.items())
+
+    where = f"{d.get('format', '?')} {d.get('path', '')}".strip()
+    if d.get("split"):
+        where += f", split {d['split']}"
+    out.append(f"- dataset: {where}: {d['documents']:,} documents ({counts(d['documents_by_lang'])}); "
+               f"{d['queries']:,} queries ({counts(d['queries_by_lang'])})"
+               + (f", the first {d['limit_per_language']} per language" if d.get("limit_per_language") else "")
+               + f"; {d['relevant_pairs']:,} relevant (query, document) pairs")
+    if d["problems"]:
+        out.append(f"- {len(d['problems'])} bad input lines skipped (listed in report.json), e.g. "
+                   f"`{d['problems'][0]}`")
+    enc = ix.get("encoder") or {}
+    rep = ix.get("report") or {}
+    built = ("reused (no document re-encoded)" if ix.get("reused") else
+             f"{rep.get('documents', 0):,} documents encoded in {rep.get('seconds', 0.0):.1f} s")
+    out.append(f"- index: {ix.get('path') or 'temporary folder'}, {ix.get('documents', 0):,} documents, {built}; "
+               f"document encoder {enc.get('document_encoder', '?')} "
+               f"({str(enc.get('document_encoder_checksum', ''))[:12]})")
+    out.append(f"- each run searches all queries in one batch, top {st['k']}"
+               + (f", rerank depth {st['rerank_depth']}" if st.get("rerank_depth") else "")
+               + "; mAP@20 is LAReQA's (precision at each relevant rank <= 20, over min(#relevant, 20)), "
+                 "nDCG@10 with linear graded gains; ms per query = encode + search + rerank, the batch "
+                 "time shared out")
+
+    results_by_mode: dict[str, list[RunResult]] = defaultdict(list)
+    for r in report.results:
+        results_by_mode[r.run.mode].append(r)
+
+    for mode in (m for m in MODES if m in results_by_mode):
+        group = results_by_mode[mode]
+        labels = [r.run.label for r in group]
+        relevance = ("the dataset's relevance, every language" if mode in POOLED else
+                     "same-language relevance" + ("" if d.get("mono_qrels") else
+                                                  " (the judgements restricted to the query's language)"))
+        out += ["", f"### {MODE_TITLES[mode]}", "", f"Scored with {relevance}.", ""]
+        rows = [[label, *(fmt(r.summary["overall"][key]) for r in group)] for key, label in METRICS]
+        if mode in POOLED:
+            rows.append([f"same-language share of top {BIAS_K}",
+                         *(pct(r.summary["bias"]["same_lang@10"]) for r in group)])
+        rows.append(["ms per query", *(fmt(r.summary["timing"]["ms_per_query"], 1) for r in group)])
+        rows.append(["queries", *(f"{r.summary['overall']['queries']:,}" for r in group)])
+        if any(r.summary.get("skipped_queries") for r in group):
+            rows.append(["queries without a relevant document here",
+                         *(str(r.summary.get("skipped_queries", 0)) for r in group)])
+        out.append(markdown_table(["metric", *labels], rows))
+
+    out += ["", "### By query language"]
+    for mode in (m for m in MODES if m in results_by_mode):
+        group = results_by_mode[mode]
+        key = HEADLINE[mode]
+        name = dict(METRICS)[key]
+        qlangs = _ordered({lang for r in group for lang in r.summary["by_query_lang"]}, langs)
+        rows = [[lang, *(fmt((r.summary["by_query_lang"].get(lang) or {}).get(key)) for r in group)]
+                for lang in qlangs]
+        rows.append(["**all**", *(fmt(r.summary["overall"][key]) for r in group)])
+        out += ["", f"{MODE_TITLES[mode]}, {name}:", "",
+                markdown_table(["query lang", *(r.run.label for r in group)], rows)]
+
+    pooled = [r for r in report.results if r.run.mode in POOLED]
+    if pooled:
+        out += ["", f"### By document language (pooled modes): recall@{PAIR_K} of the relevant documents "
+                    "in each language", ""]
+        dlangs = _ordered({lang for r in pooled for lang in r.summary["by_doc_lang"]}, langs)
+        out.append(markdown_table(
+            ["document lang", *(f"{r.run.mode}: {r.run.label}" for r in pooled)],
+            [[lang, *(fmt((r.summary["by_doc_lang"].get(lang) or {}).get("recall@20")) for r in pooled)]
+             for lang in dlangs]))
+
+        out += ["", "### Language bias (pooled modes)", "",
+                f"Same-language share of the top {BIAS_K} beside the expected share (the share of a "
+                "query's relevant documents in its own language: what a ranking blind to language "
+                "would give); the score gap is the first-stage score of the relevant same-language "
+                "document minus the mean of the relevant other-language ones (0 = no preference).", ""]
+        out.append(markdown_table(
+            ["run", "mode", f"same-language share of top {BIAS_K}", "expected share", "excess",
+             "score gap (same - other)", "queries with a gap"],
+            [[r.run.label, r.run.mode, pct(r.summary["bias"]["same_lang@10"]),
+              pct(r.summary["bias"]["expected_same_lang"]), pct(r.summary["bias"]["excess"]),
+              fmt(r.summary["bias"]["score_gap"]), f"{r.summary['bias']['score_gap_queries']:,}"]
+             for r in pooled], "llrrrrr"))
+
+        out += ["", f"### Language pairs: share of queries (rows: query language) whose relevant document "
+                    f"in each document language (columns) is in the top {PAIR_K}"]
+        for r in pooled:
+            pairs = r.summary["pairs"]
+            rows_l = _ordered(pairs.keys(), langs)
+            cols_l = _ordered({c for v in pairs.values() for c in v}, langs)
+            out += ["", f"{r.run.mode}: {r.run.label} (`{heatmap_name(r.run)}`)", "",
+                    markdown_table(["query \\ document", *cols_l],
+                                   [[q, *(pct(pairs[q].get(c), 0) for c in cols_l)] for q in rows_l])]
+
+    if report.references:
+        out += ["", "### Reference figures (a different setting: not directly comparable)", ""]
+        for ref in report.references:
+            metric = dict(METRICS).get(ref.get("metric", ""), ref.get("metric", ""))
+            out.append(markdown_table(["reference", metric],
+                                      [[name, fmt(value, 2)] for name, value in ref["figures"].items()]))
+            out += ["", f"{ref.get('setting', '')}. Source: {ref.get('source', '')}.", ""]
+        if d.get("format") == "xquad-r":
+            out.append(f"This run pools {len(langs)} language{'s' * (len(langs) != 1)}, with another "
+                       "model that was not fine-tuned for the task: fewer distractors and fewer relevant "
+                       "sentences per question than LAReQA's 11.")
+    return "\n".join(out).rstrip()
+
+
+# -- the heatmap --------------------------------------------------------------------------------
+
+def heatmap_name(run: Run) -> str:
+    """The SVG file name of a run's language-pair heatmap."""
+    slug = re.sub(r"[^a-z0-9]+", "-", run.label.lower()).strip("-") or "run"
+    return f"heatmap-{run.mode}-{slug}.svg"
+
+
+def _colour(value: float) -> tuple[str, str]:
+    """Fill (white to dark blue as value goes 0 to 1) and a readable text colour."""
+    v = min(max(value, 0.0), 1.0)
+    low, high = (247, 251, 255), (8, 48, 107)
+    rgb = tuple(round(a + (b - a) * v) for a, b in zip(low, high))
+    return "#%02x%02x%02x" % rgb, ("#ffffff" if v > 0.5 else "#000000")
+
+
+def heatmap_svg(matrix: Mapping[str, Mapping[str, float | None]], rows: Sequence[str], cols: Sequence[str],
+                title: str, *, subtitle: str = "", row_title: str = "query language",
+                col_title: str = "document language", cell: int = 56) -> str:
+    """A hand-written SVG heatmap: one cell per (row, column) coloured by its value in [0, 1],
+    the value (as a percentage) written in it; missing values are grey with a dash."""
+    left, top = 110, 96
+    width = left + cell * len(cols) + 20
+    height = top + cell * len(rows) + 20
+    width = max(width, 7 * max(len(title), len(subtitle)) + 20)  # room for the title
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif">',
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="10" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
+    if subtitle:
+        parts.append(f'<text x="10" y="40" font-size="11" fill="#444444">{escape(subtitle)}</text>')
+    parts.append(f'<text x="{left + cell * len(cols) / 2:.0f}" y="{top - 28}" font-size="12" '
+                 f'text-anchor="middle">{escape(col_title)}</text>')
+    parts.append(f'<text x="16" y="{top + cell * len(rows) / 2:.0f}" font-size="12" text-anchor="middle" '
+                 f'transform="rotate(-90 16 {top + cell * len(rows) / 2:.0f})">{escape(row_title)}</text>')
+    for j, c in enumerate(cols):
+        parts.append(f'<text x="{left + cell * j + cell / 2:.0f}" y="{top - 8}" font-size="12" '
+                     f'text-anchor="middle">{escape(str(c))}</text>')
+    for i, r in enumerate(rows):
+        y = top + cell * i
+        parts.append(f'<text x="{left - 8}" y="{y + cell / 2 + 4:.0f}" font-size="12" '
+                     f'text-anchor="end">{escape(str(r))}</text>')
+        for j, c in enumerate(cols):
+            x = left + cell * j
+            value = (matrix.get(r) or {}).get(c)
+            if value is None:
+                fill, ink, label = "#dddddd", "#555555", "-"
+            else:
+                (fill, ink), label = _colour(float(value)), f"{100 * float(value):.0f}%"
+            parts.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" '
+                         f'stroke="#ffffff" stroke-width="1"><title>{escape(f"{r} -> {c}: {label}")}</title></rect>')
+            parts.append(f'<text x="{x + cell / 2:.0f}" y="{y + cell / 2 + 4:.0f}" font-size="12" '
+                         f'text-anchor="middle" fill="{ink}">{escape(label)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
