@@ -52,3 +52,17 @@ def test_yaml_cannot_run_code(tmp_path: Path) -> None:
 def test_lists_from_env() -> None:
     s = load_settings(environ={"VECPLUG_CORPUS_EMBED_FIELDS": "title, text"})
     assert s.corpus.embed_fields == ("title", "text")
+
+
+def test_search_settings_for_modes_and_reranking() -> None:
+    env = {"VECPLUG_SEARCH_PREFER_BOOST": "0.1", "VECPLUG_SEARCH_LANGS": "de, fr",
+           "VECPLUG_SEARCH_DEBIAS": "on", "VECPLUG_SEARCH_RERANK": "teacher"}
+    s = load_settings(environ=env, overrides={"search": {"mode": "prefer", "rerank_depth": 20}})
+    assert (s.search.prefer_boost, s.search.langs, s.search.debias) == (0.1, ("de", "fr"), True)
+    assert (s.search.mode, s.search.rerank, s.search.rerank_depth) == ("prefer", "teacher", 20)
+    with pytest.raises(ConfigError, match="expected a number"):
+        load_settings(environ={"VECPLUG_SEARCH_PREFER_BOOST": "much"})
+    with pytest.raises(ConfigError, match="query_quantize"):
+        load_settings(environ={"VECPLUG_MODEL_QUERY_QUANTIZE": "int4"})
+    with pytest.raises(ConfigError, match="rerank_depth"):
+        load_settings(overrides={"search": {"rerank_depth": 0}})
