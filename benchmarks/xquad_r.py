@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,9 @@ from bench_common import (  # noqa: E402
     fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, XQuADR, load_xquad_r, parse_langs  # noqa: E402
 
+from vecplug import metrics as _metrics  # noqa: E402
+from vecplug.metrics import average_precision, average_precision_at_k  # noqa: E402
+
 #: LAReQA (Roy et al. 2020), XQuAD-R, 11 languages pooled, mAP@20, per training setup.
 LAREQA_ANCHORS: dict[str, float] = {"En-En": 0.29, "X-X": 0.23, "X-X-mono": 0.52, "X-Y": 0.66}
 #: ../shared/docs/findings.md: me5-small teacher, 11 languages pooled, passages cut at 128.
@@ -67,33 +70,13 @@ FINDINGS_11_LANGS: dict[str, float] = {"xy_map20": 0.249, "mono_mrr10": 0.797, "
 
 
 # -- metrics ------------------------------------------------------------------------------
-
-def average_precision_at_k(ranked: Sequence[str], relevant: Collection[str], k: int) -> float:
-    """LAReQA's AP@k: precision at each relevant hit in the top k, over min(|relevant|, k)."""
-    hits, total = 0, 0.0
-    for rank, item in enumerate(ranked[:k], 1):
-        if item in relevant:
-            hits += 1
-            total += hits / rank
-    return total / min(len(relevant), k) if relevant else 0.0
-
-
-def average_precision(ranked: Sequence[str], relevant: Collection[str]) -> float:
-    """Un-cut AP over a full ranking: precision at each relevant item's rank, over |relevant|
-    (relevant items missing from ``ranked`` count 0)."""
-    hits, total = 0, 0.0
-    for rank, item in enumerate(ranked, 1):
-        if item in relevant:
-            hits += 1
-            total += hits / rank
-    return total / len(relevant) if relevant else 0.0
-
+# The definitions live in vecplug.metrics (``vecplug eval`` scores with the same functions);
+# AP@k is LAReQA's: precision at each relevant hit in the top k, over min(|relevant|, k).
+# average_precision_at_k and reciprocal_rank_at_k are imported from here by students.py.
 
 def reciprocal_rank_at_k(ranked: Sequence[str], relevant: str, k: int) -> float:
-    for rank, item in enumerate(ranked[:k], 1):
-        if item == relevant:
-            return 1.0 / rank
-    return 0.0
+    """RR@k of the one relevant id (``vecplug.metrics`` takes a collection of ids)."""
+    return _metrics.reciprocal_rank_at_k(ranked, {relevant}, k)
 
 
 @dataclass

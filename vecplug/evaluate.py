@@ -297,7 +297,7 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                         skipped += 1  # nothing to find in this mode (e.g. mono, no same-language answer)
                         continue
                     hits = list(result.hits)
-                    row = {"id": q.id, "lang": qlang, "detected": getattr(result, "lang", None),
+                    row = {"id": q.id, "lang": qlang, "search_lang": getattr(result, "lang", None),
                            "seconds": float(result.seconds),
                            **score_query([h.id for h in hits], [h.lang for h in hits], relevance, qlang,
                                          doc_langs, pooled)}
@@ -394,13 +394,19 @@ def dataset_summary(dataset: EvalDataset) -> dict[str, Any]:
         "name": dataset.name, **{k: v for k, v in dataset.info.items() if k != "langs"},
         "languages": list(langs),
         "documents": len(dataset.documents),
-        "documents_by_lang": {str(k): v for k, v in sorted(docs.items(), key=lambda kv: str(kv[0]))},
+        "documents_by_lang": _by_lang(docs),
         "queries": len(dataset.queries),
-        "queries_by_lang": {str(k): v for k, v in sorted(queries.items(), key=lambda kv: str(kv[0]))},
+        "queries_by_lang": _by_lang(queries),
         "relevant_pairs": judged,
         "mono_qrels": dataset.mono_qrels is not None,
         "problems": [str(p) for p in dataset.problems],
     }
+
+
+def _by_lang(counts: Mapping[str | None, int]) -> dict[str, int]:
+    """Counts by language, sorted; items without a given language (detected at search or
+    indexing time) under ``detected``."""
+    return dict(sorted((lang or "detected", n) for lang, n in counts.items()))
 
 
 def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path | None = None,
@@ -517,6 +523,14 @@ def render_markdown(report: EvalReport) -> str:
     out.append(f"- index: {ix.get('path') or 'temporary folder'}, {ix.get('documents', 0):,} documents, {built}; "
                f"document encoder {enc.get('document_encoder', '?')} "
                f"({str(enc.get('document_encoder_checksum', ''))[:12]})")
+    seen: dict[str | None, str] = {}
+    for r in report.results:
+        if r.run.query_encoder not in seen and r.encoder:
+            seen[r.run.query_encoder] = (f"{run_label(r.run.query_encoder, None, None)} = "
+                                         f"{r.encoder.get('query_encoder', '?')} "
+                                         f"({str(r.encoder.get('query_encoder_checksum', ''))[:12]})")
+    if seen:
+        out.append("- query encoders: " + "; ".join(seen.values()))
     out.append(f"- each run searches all queries in one batch, top {st['k']}"
                + (f", rerank depth {st['rerank_depth']}" if st.get("rerank_depth") else "")
                + "; mAP@20 is LAReQA's (precision at each relevant rank <= 20, over min(#relevant, 20)), "
@@ -598,9 +612,9 @@ def render_markdown(report: EvalReport) -> str:
                                       [[name, fmt(value, 2)] for name, value in ref["figures"].items()]))
             out += ["", f"{ref.get('setting', '')}. Source: {ref.get('source', '')}.", ""]
         if d.get("format") == "xquad-r":
-            out.append(f"This run pools {len(langs)} language{'s' * (len(langs) != 1)}, with another "
-                       "model that was not fine-tuned for the task: fewer distractors and fewer relevant "
-                       "sentences per question than LAReQA's 11.")
+            out.append(f"This run pools {len(langs)} language{'s' * (len(langs) != 1)} (fewer distractors "
+                       "and fewer relevant sentences per question than LAReQA's 11) and uses other models, "
+                       "trained otherwise.")
     return "\n".join(out).rstrip()
 
 

@@ -1,0 +1,474 @@
+"""``vecplug eval``: dataset loaders, scoring against a scripted index, the report, and the
+whole command end to end (a tiny real transformer; the real model in a slow test)."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import REPO, TINY_TEXT, XQUAD
+from vecplug.cli import cli
+from vecplug.errors import ConfigError, VecplugError
+from vecplug.evaluate import (
+    EvalReport, Run, evaluate, heatmap_svg, make_runs, score_runs)
+from vecplug.indexer.datasets import (
+    DatasetError, EvalDataset, EvalQuery, load_beir, load_dataset, load_xquad_r, load_xquad_r_dataset)
+from vecplug.types import Document, Hit
+
+# -- tiny datasets written by the tests -------------------------------------------------------
+
+#: words the tiny model's vocabulary knows whole, so that different sentences get different tokens
+WORDS = sorted({w for line in TINY_TEXT[:8] for w in line.split()})
+
+
+def _sentences(lang: str, para: int, n: int) -> list[str]:
+    rng = random.Random(f"{lang}-{para}")
+    return [" ".join(rng.sample(WORDS, 6)) for _ in range(n)]
+
+
+def write_xquad(folder: Path, langs: tuple[str, ...] = ("en", "de", "es"), shuffled: bool = False) -> Path:
+    """A parallel XQuAD-R-shaped dataset: 2 paragraphs, 2 questions each; German splits the first
+    paragraph into 2 sentences where the others have 3 (so answers sit at other indices).
+
+    Every question is an exact copy of its answer sentence in its own language; ``shuffled``
+    copies a sentence of the other paragraph instead (the answers stay where they were)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    counts = {0: 3, 1: 3}
+    answers = {0: [0, 2], 1: [1, 2]}  # sentence index of each question's answer (3-sentence split)
+    texts = {}
+    for lang in langs:
+        texts[lang] = {p: _sentences(lang, p, 2 if (lang == "de" and p == 0) else counts[p]) for p in counts}
+    seen = [s for lang in langs for p in counts for s in texts[lang][p]]
+    assert len(set(seen)) == len(seen)
+    for lang in langs:
+        paragraphs = []
+        for p in counts:
+            sents = texts[lang][p]
+            context = " ".join(sents)
+            breaks, pos = [], 0
+            for s in sents:
+                breaks.append([pos, pos + len(s)])
+                pos += len(s) + 1
+            qas = []
+            for j, idx in enumerate(answers[p]):
+                idx = min(idx, len(sents) - 1) if lang == "de" and p == 0 else idx  # merged sentences
+                other = texts[lang][1 - p][j]
+                qas.append({"id": f"q{p}{j}", "question": other if shuffled else sents[idx],
+                            "answers": [{"answer_start": breaks[idx][0] + 1, "text": "x"}]})
+            paragraphs.append({"context": context, "sentences": sents, "sentence_breaks": breaks, "qas": qas})
+        (folder / f"{lang}.json").write_text(
+            json.dumps({"data": [{"title": "t", "paragraphs": paragraphs}]}, ensure_ascii=False), encoding="utf-8")
+    return folder
+
+
+def write_beir(folder: Path, bad_lines: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "qrels").mkdir(exist_ok=True)
+    corpus = [
+        {"_id": "d1", "title": "fox", "text": "the quick brown fox jumps", "lang": "EN", "url": "http://x"},
+        {"_id": "d2", "title": "fuchs", "text": "der schnelle braune fuchs springt", "lang": "de"},
+        {"_id": "d3", "title": "", "text": "el agua hierve a cien grados", "lang": "es"},
+        {"_id": "d4", "title": "wasser", "text": "wasser kocht bei hundert grad", "lang": "de"},
+        {"_id": "d5", "text": "the lazy dog over the water"},  # no lang: detected when indexed
+    ]
+    lines = [json.dumps(d, ensure_ascii=False) for d in corpus]
+    if bad_lines:
+        lines[1:1] = ["{not json", json.dumps({"title": "no id"}), json.dumps({"_id": "d1", "text": "again"}),
+                      '{"_id": "d9", "text": NaN}', json.dumps({"_id": "d8", "title": "", "text": " "})]
+    (folder / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    queries = [{"_id": "q1", "text": "fox the quick brown fox jumps", "lang": "en"},
+               {"_id": "q2", "text": "el agua hierve a cien grados", "lang": "es"},
+               {"_id": "q3", "text": "unjudged query", "lang": "en"},
+               {"_id": "q4", "text": "only judged not relevant", "lang": "en"}]
+    qlines = [json.dumps(q, ensure_ascii=False) for q in queries]
+    if bad_lines:
+        qlines.append(json.dumps({"_id": "q5"}))
+    (folder / "queries.jsonl").write_text("\n".join(qlines) + "\n", encoding="utf-8")
+    qrels = ["query-id\tcorpus-id\tscore", "q1\td1\t2", "q1\td2\t1", "q2\td3\t1", "q4\td4\t0"]
+    if bad_lines:
+        qrels += ["q1\td2", "q2\td4\tone", "qX\td1\t1", "q2\tdX\t1"]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n", encoding="utf-8")
+    return folder
+
+
+# -- loaders ----------------------------------------------------------------------------------
+
+def test_xquad_r_loader(tmp_path: Path) -> None:
+    folder = write_xquad(tmp_path / "xq")
+    data = load_xquad_r(folder)
+    assert data.langs == ["de", "en", "es"] and data.paragraphs == 2
+    assert data.sentence_count_mismatches() == {"de": 1, "en": 0, "es": 0}
+    # German merged sentences: its answer sits at another index than English's
+    assert data.relevant["q01"] == {"de": "de:0:1", "en": "en:0:2", "es": "es:0:2"}
+    ds = load_xquad_r_dataset(folder, ["en", "de"])
+    assert ds.name == "xquad-r" and ds.info["format"] == "xquad-r"
+    assert len(ds.documents) == 6 + 5 and {d.lang for d in ds.documents} == {"en", "de"}
+    assert ds.documents[0].id == "en:0:0" and ds.documents[0].source == "xquad-r/en"
+    assert [q.id for q in ds.queries][:2] == ["en:q00", "en:q01"]  # question ids are per language
+    assert ds.qrels["de:q01"] == {"en:0:2": 1, "de:0:1": 1}
+    assert ds.mono_qrels is not None and ds.mono_qrels["de:q01"] == {"de:0:1": 1}
+    limited = ds.limited(1)
+    assert [q.id for q in limited.queries] == ["en:q00", "de:q00"] and set(limited.qrels) == {"en:q00", "de:q00"}
+    assert len(limited.documents) == len(ds.documents)  # the pool stays whole
+
+
+def test_xquad_r_checks(tmp_path: Path) -> None:
+    folder = write_xquad(tmp_path / "xq")
+    with pytest.raises(FileNotFoundError, match="fr"):
+        load_xquad_r(folder, ["en", "fr"])
+    raw = json.loads((folder / "es.json").read_text())
+    raw["data"][0]["paragraphs"][1]["qas"][0]["id"] = "other"
+    (folder / "es.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="not parallel"):  # DatasetError is a ValueError, as before
+        load_xquad_r(folder)
+    raw["data"][0]["paragraphs"][1]["sentences"][0] = "changed"
+    (folder / "es.json").write_text(json.dumps(raw))
+    with pytest.raises(DatasetError, match="differs from its break span"):
+        load_xquad_r(folder, ["es"])
+    (folder / "es.json").write_text(json.dumps({"data": [{"paragraphs": [{"context": "x"}]}]}))
+    with pytest.raises(DatasetError, match="not XQuAD-R"):
+        load_xquad_r(folder, ["es"])
+
+
+def test_benchmarks_keep_their_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import xquad_data
+
+    folder = write_xquad(tmp_path / "xq")
+    assert xquad_data.load_xquad_r(folder, ["en"]).relevant["q00"] == {"en": "en:0:0"}
+    assert xquad_data.parse_langs(["en,de", "de"], folder) == ["en", "de"]
+    assert xquad_data.DEFAULT_DATA_DIR == XQUAD.resolve()
+
+
+def test_beir_loader(tmp_path: Path) -> None:
+    folder = write_beir(tmp_path / "mini")
+    ds = load_beir(folder)
+    assert ds.name == "mini" and ds.info["split"] == "test" and ds.mono_qrels is None
+    docs = {d.id: d for d in ds.documents}
+    assert list(docs) == ["d1", "d2", "d3", "d4", "d5"]
+    assert docs["d1"].text == "fox\nthe quick brown fox jumps"  # the title is embedded first
+    assert docs["d1"].payload == {"id": "d1", "title": "fox", "url": "http://x"} and docs["d1"].lang == "en"
+    assert docs["d3"].text == "el agua hierve a cien grados" and docs["d5"].lang is None
+    # only queries with a relevant document; grade 0 means not relevant
+    assert [q.id for q in ds.queries] == ["q1", "q2"] and ds.queries[1].lang == "es"
+    assert ds.qrels == {"q1": {"d1": 2, "d2": 1}, "q2": {"d3": 1}}
+    where = {(Path(p.path).name, p.line) for p in ds.problems}
+    assert where == {("corpus.jsonl", 2), ("corpus.jsonl", 3), ("corpus.jsonl", 4), ("corpus.jsonl", 5),
+                     ("corpus.jsonl", 6), ("queries.jsonl", 5), ("test.tsv", 6), ("test.tsv", 7),
+                     ("test.tsv", 8), ("test.tsv", 9)}
+    assert any("NaN" in p.reason for p in ds.problems)
+
+
+def test_load_dataset_specs(tmp_path: Path) -> None:
+    xq = write_xquad(tmp_path / "xq")
+    beir = write_beir(tmp_path / "beir", bad_lines=False)
+    assert load_dataset(f"xquad-r:{xq}", langs=["en"]).info["langs"] == ["en"]
+    assert load_dataset(str(xq)).info["format"] == "xquad-r"  # detected by its files
+    assert load_dataset(f"beir:{beir}").info["format"] == "beir"
+    assert load_dataset(str(beir)).info["format"] == "beir"
+    with pytest.raises(DatasetError, match="BEIR"):
+        load_dataset(str(beir), langs=["en"])
+    with pytest.raises(VecplugError, match="not found"):
+        load_dataset(f"beir:{tmp_path / 'nowhere'}")
+    with pytest.raises(VecplugError, match="no qrels/dev.tsv"):
+        load_dataset(str(beir), split="dev")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(VecplugError, match="neither"):
+        load_dataset(str(tmp_path / "empty"))
+
+
+# -- scoring against a scripted index -----------------------------------------------------------
+
+class ScriptedIndex:
+    """A stand-in for :class:`vecplug.api.Index`: fixed rankings per (mode, query text)."""
+
+    def __init__(self, rankings: dict[tuple[str, str], list[str]], scores: dict[str, float],
+                 doc_langs: dict[str, str], detected: str = "fr") -> None:
+        self.rankings, self.scores, self.doc_langs, self.detected = rankings, scores, doc_langs, detected
+        self.calls: list[dict[str, Any]] = []
+        self.closed = 0
+
+    def search_batch(self, queries: list[str], k: int, *, mode: str, langs: list[str | None] | None = None,
+                     target_langs: Any = None, rerank: str | None = None, rerank_depth: int | None = None,
+                     debias: bool | None = None, progress: bool = False) -> list[Any]:
+        self.calls.append({"mode": mode, "k": k, "langs": langs, "rerank": rerank, "debias": debias,
+                           "rerank_depth": rerank_depth})
+        out = []
+        for text, lang in zip(queries, langs or [None] * len(queries)):
+            ids = self.rankings[(mode, text)][:k]
+            hits = [Hit(i, self.scores[i], "", self.doc_langs[i], "stub", {}, r) for r, i in enumerate(ids, 1)]
+            out.append(SimpleNamespace(query=text, lang=lang or self.detected, mode=mode, hits=hits,
+                                       seconds=0.01, vector=np.ones(2, dtype=np.float32)))
+        return out
+
+    def score_ids(self, vector: Any, ids: list[str], query_lang: str | None, debias: bool | None = None) -> Any:
+        return np.array([self.scores[i] for i in ids])
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+DOC_LANGS = {"en1": "en", "en2": "en", "de1": "de", "de2": "de", "fr1": "fr"}
+
+
+def small_dataset() -> EvalDataset:
+    docs = [Document(i, f"text {i}", "stub", 0, lang) for i, lang in DOC_LANGS.items()]
+    return EvalDataset("small", docs, [EvalQuery("q1", "one", "en"), EvalQuery("q2", "two", "de")],
+                       {"q1": {"en1": 1, "de1": 1, "fr1": 1}, "q2": {"de2": 1, "en2": 1}}, None,
+                       info={"format": "test", "langs": ["en", "de", "fr"]})
+
+
+def scripted() -> ScriptedIndex:
+    return ScriptedIndex(
+        {("xy", "one"): ["en2", "en1", "de2", "fr1", "de1"], ("xy", "two"): ["de2", "de1", "fr1", "en1", "en2"],
+         ("mono", "one"): ["en2", "en1"], ("mono", "two"): ["de2", "de1"]},
+        {"en1": 0.9, "de1": 0.6, "fr1": 0.5, "de2": 0.8, "en2": 0.4}, DOC_LANGS)
+
+
+def test_score_runs_hand_computed() -> None:
+    index = scripted()
+    opened: list[str | None] = []
+
+    def open_index(query_encoder: str | None) -> ScriptedIndex:
+        opened.append(query_encoder)
+        return index
+
+    runs = make_runs([None], ["xy", "mono"], [None], [None])
+    xy, mono = score_runs(small_dataset(), runs, open_index, k=3)
+    assert opened == [None] and index.closed == 1  # one open per query encoder
+    assert [c["mode"] for c in index.calls] == ["xy", "mono"]
+    assert index.calls[0]["langs"] == ["en", "de"] and index.calls[0]["rerank"] == "none"
+    assert index.calls[0]["k"] == 3
+
+    # q1 top 3 [en2 en1 de2] of relevant {en1 de1 fr1}; q2 top 3 [de2 de1 fr1] of {de2 en2}
+    o = xy.summary["overall"]
+    assert o["queries"] == 2
+    assert o["map@20"] == pytest.approx((1 / 2 / 3 + 1 / 2) / 2)  # (1/6 + 1/2) / 2
+    assert o["mrr@10"] == pytest.approx(0.75) and o["p@1"] == pytest.approx(0.5)
+    assert o["recall@20"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    ndcg_q1 = (1 / math.log2(3)) / (1 + 1 / math.log2(3) + 1 / math.log2(4))
+    ndcg_q2 = 1 / (1 + 1 / math.log2(3))
+    assert o["ndcg@10"] == pytest.approx((ndcg_q1 + ndcg_q2) / 2)
+    assert xy.summary["by_query_lang"]["en"]["map@20"] == pytest.approx(1 / 6)
+    assert xy.summary["by_query_lang"]["de"]["mrr@10"] == pytest.approx(1.0)
+    assert xy.summary["by_doc_lang"] == {"de": {"recall@20": 0.5, "queries": 2},
+                                         "en": {"recall@20": 0.5, "queries": 2},
+                                         "fr": {"recall@20": 0.0, "queries": 1}}
+    assert xy.summary["pairs"] == {"de": {"de": 1.0, "en": 0.0}, "en": {"de": 0.0, "en": 1.0, "fr": 0.0}}
+    bias = xy.summary["bias"]
+    assert bias["same_lang@10"] == pytest.approx(2 / 3)
+    assert bias["expected_same_lang"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert bias["excess"] == pytest.approx(2 / 3 - 5 / 12)
+    # q1: 0.9 - mean(0.6, 0.5) = 0.35; q2: 0.8 - 0.4 = 0.4
+    assert bias["score_gap"] == pytest.approx(0.375) and bias["score_gap_queries"] == 2
+    assert xy.summary["timing"]["ms_per_query"] == pytest.approx(10.0)
+    assert [r["id"] for r in xy.queries] == ["q1", "q2"]
+
+    # mono: qrels restricted to the query's language (the dataset has no mono_qrels)
+    m = mono.summary["overall"]
+    assert m["mrr@10"] == pytest.approx(0.75) and m["map@20"] == pytest.approx(0.75) and m["p@1"] == 0.5
+    assert "bias" not in mono.summary and mono.summary["skipped_queries"] == 0
+
+
+def test_mono_uses_detected_language_and_skips_queries_without_answers() -> None:
+    ds = small_dataset()
+    ds.queries.append(EvalQuery("q3", "three", None))  # detected as "fr" by the scripted index
+    ds.qrels["q3"] = {"fr1": 2, "en1": 1}
+    ds.queries.append(EvalQuery("q4", "four", "de"))
+    ds.qrels["q4"] = {"en1": 1}  # nothing in German: not scorable in mono
+    index = scripted()
+    index.rankings.update({("mono", "three"): ["fr1"], ("mono", "four"): ["de1"],
+                           ("xy", "three"): ["en1", "fr1"], ("xy", "four"): ["en1"]})
+    xy, mono = score_runs(ds, make_runs([None], ["xy", "mono"]), lambda q: index, k=3)
+    assert index.calls[0]["langs"] == ["en", "de", None, "de"]
+    assert mono.summary["skipped_queries"] == 1 and mono.summary["overall"]["queries"] == 3
+    assert mono.summary["by_query_lang"]["fr"]["mrr@10"] == pytest.approx(1.0)
+    q3 = next(r for r in xy.queries if r["id"] == "q3")
+    assert q3["lang"] == "fr" and q3["search_lang"] == "fr"
+    # ranked [en1 (grade 1), fr1 (grade 2)]: (1 + 2/log2(3)) / (2 + 1/log2(3))
+    assert q3["ndcg@10"] == pytest.approx((1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3)))
+    assert q3["score_gap"] == pytest.approx(0.5 - 0.9)
+
+
+def test_runs() -> None:
+    runs = make_runs(["student", "teacher"], ["xy", "mono"], [None, "none", "teacher"], [False, True])
+    assert len(runs) == 2 * 2 * 2 * 2 and runs[0].mode == "xy" and runs[-1].mode == "mono"
+    assert runs[0].label == "student + no debias" and runs[3].label == "student + rerank teacher + debias"
+    assert make_runs()[0] == Run("default query encoder", None, "xy", None, None)
+    with pytest.raises(ConfigError, match="unknown mode"):
+        Run("x", mode="sideways")
+    with pytest.raises(ConfigError, match="both labelled"):
+        score_runs(small_dataset(), [Run("a"), Run("a")], lambda q: scripted())
+
+
+def test_report_renders_and_writes(tmp_path: Path) -> None:
+    runs = make_runs([None], ["xy", "mono"])
+    results = score_runs(small_dataset(), runs, lambda q: scripted(), k=3)
+    machine = {"date_utc": "2026-01-01T00:00:00+00:00", "platform": "p", "cpu": "c", "cores": 2,
+               "torch_threads": 1, "load_average": [0.0], "python": "3", "torch": "t", "vecplug": "v",
+               "command": "vecplug eval small", "cwd": "/"}
+    from vecplug.evaluate import LAREQA_REFERENCE, dataset_summary
+
+    report = EvalReport(machine, dataset_summary(small_dataset()),
+                        {"path": None, "documents": 5, "reused": False, "report": {"documents": 5, "seconds": 1.0},
+                         "encoder": {"document_encoder": "tiny"}},
+                        {"k": 3, "rerank_depth": None}, results, [LAREQA_REFERENCE])
+    md = report.markdown()
+    assert "## vecplug eval: small" in md and "`vecplug eval small`" in md
+    assert "### X-Y: every language pooled" in md and "### X-X-mono: the query's language only" in md
+    assert "| mAP@20 " in md and "0.333" in md  # the hand-computed X-Y mAP@20
+    assert "### Language bias" in md and "0.375" in md
+    assert "a different setting" in md and "0.66" in md and "0.52" in md
+    files = {p.name for p in report.write(tmp_path / "out")}
+    assert files == {"report.md", "report.json", "heatmap-xy-default-query-encoder.svg"}
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["runs"][0]["summary"]["overall"]["map@20"] == pytest.approx(1 / 3)
+    assert len(data["runs"][0]["queries"]) == 2
+    svg = ET.parse(tmp_path / "out" / "heatmap-xy-default-query-encoder.svg").getroot()
+    texts = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert "100%" in texts and "0%" in texts and "-" in texts  # de -> fr has no relevant document
+    assert {"en", "de", "fr"} <= set(texts)
+
+
+def test_heatmap_colours_follow_values() -> None:
+    svg = heatmap_svg({"a": {"a": 1.0, "b": 0.0}}, ["a"], ["a", "b"], "t <&>")
+    root = ET.fromstring(svg)  # well-formed, title escaped
+    fills = [r.get("fill") for r in root.iter("{http://www.w3.org/2000/svg}rect")][1:]
+    assert fills == ["#08306b", "#f7fbff"]
+
+
+# -- end to end with a tiny real transformer ------------------------------------------------------
+
+def _runs_by(report: EvalReport) -> dict[tuple[str, str], Any]:
+    return {(r.run.mode, r.run.label): r.summary for r in report.results}
+
+
+def test_evaluate_end_to_end_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
+    """Questions that copy their answer sentence must rank it first; copies of another sentence
+    must not. Real Index (hnswlib), real encoder."""
+    copy = load_xquad_r_dataset(write_xquad(tmp_path / "copy"))
+    runs = make_runs([None], ["xy", "mono", "prefer"])
+    report = evaluate(copy, runs, index_dir=tmp_path / "idx", model=str(tiny_model), command="test")
+    s = _runs_by(report)
+    xy, mono = s[("xy", "default query encoder")], s[("mono", "default query encoder")]
+    assert xy["overall"]["queries"] == 12 and mono["overall"]["queries"] == 12
+    assert xy["overall"]["mrr@10"] == pytest.approx(1.0) and xy["overall"]["p@1"] == pytest.approx(1.0)
+    assert mono["overall"]["mrr@10"] == pytest.approx(1.0) and mono["overall"]["map@20"] == pytest.approx(1.0)
+    # the pool (17 sentences) is smaller than 20: every relevant sentence is in the top 20
+    assert xy["overall"]["recall@20"] == pytest.approx(1.0)
+    assert 0 < xy["overall"]["map@20"] <= 1
+    assert xy["bias"]["expected_same_lang"] == pytest.approx(1 / 3)
+    assert xy["bias"]["score_gap_queries"] == 12 and xy["bias"]["score_gap"] > 0  # the copy scores ~1
+    assert set(xy["pairs"]) == {"de", "en", "es"} and xy["pairs"]["de"]["en"] == pytest.approx(1.0)
+    assert s[("prefer", "default query encoder")]["overall"]["p@1"] == pytest.approx(1.0)
+    assert report.index["documents"] == 17 and not report.index["reused"]
+    assert report.index["encoder"]["document_encoder"] == str(tiny_model)
+    assert xy["timing"]["ms_per_query"] > 0
+
+    # the same index again: reused, nothing re-encoded; questions now copy a wrong sentence
+    shuffled = load_xquad_r_dataset(write_xquad(tmp_path / "shuffled", shuffled=True))
+    again = evaluate(shuffled, runs, index_dir=tmp_path / "idx", model=str(tiny_model), command="test")
+    assert again.index["reused"] and again.index["report"]["documents"] == 0
+    s2 = _runs_by(again)
+    assert s2[("mono", "default query encoder")]["overall"]["p@1"] == 0.0
+    assert s2[("mono", "default query encoder")]["overall"]["mrr@10"] < 1.0
+    assert s2[("xy", "default query encoder")]["overall"]["mrr@10"] < 1.0
+
+    # an index holding documents the dataset does not have is refused, not silently mixed in
+    subset = load_xquad_r_dataset(tmp_path / "copy", ["en", "de"])
+    with pytest.raises(VecplugError, match="not in xquad-r"):
+        evaluate(subset, runs, index_dir=tmp_path / "idx", model=str(tiny_model), command="test")
+
+
+def test_evaluate_beir_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
+    ds = load_beir(write_beir(tmp_path / "beir"))
+    report = evaluate(ds, make_runs([None], ["xy", "mono"], [None], [False, True]), model=str(tiny_model),
+                      command="test")
+    assert report.index["path"] is None  # a temporary index
+    assert len(report.dataset["problems"]) == 10
+    s = _runs_by(report)
+    for label in ("default query encoder + no debias", "default query encoder + debias"):
+        xy = s[("xy", label)]
+        assert xy["overall"]["queries"] == 2 and xy["overall"]["mrr@10"] == pytest.approx(1.0)
+        # q1's first hit is its grade-2 copy; its grade-1 German document is somewhere below
+        assert 0.6 < xy["overall"]["ndcg@10"] <= 1.0
+        mono = s[("mono", label)]
+        # mono: relevance restricted to the query's language (q1: d1 only, q2: d3)
+        assert mono["overall"]["queries"] == 2 and mono["overall"]["mrr@10"] == pytest.approx(1.0)
+    assert s[("xy", "default query encoder + no debias")]["by_doc_lang"]["de"]["queries"] == 1
+    assert "The first" not in report.markdown()
+
+
+def run_cli(*args: str, ok: bool = True) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert (result.exit_code == 0) == ok, result.output
+    return result.output
+
+
+def test_cli_eval(tmp_path: Path, tiny_model: Path) -> None:
+    data = write_xquad(tmp_path / "xq")
+    out = run_cli("eval", f"xquad-r:{data}", "--langs", "en,de", "--model", str(tiny_model),
+                  "--mode", "xy", "--mode", "prefer", "--mode", "mono", "--debias", "both",
+                  "--rerank", "none", "--limit", "1", "--out", str(tmp_path / "out"),
+                  "--index", str(tmp_path / "idx"), "-q")
+    assert "## vecplug eval: xquad-r" in out and "the first 1 per language" in out
+    assert f"index: {tmp_path / 'idx'}, 11 documents" in out and (tmp_path / "idx" / "manifest.json").is_file()
+    assert "### X-Y: every language pooled" in out and "### prefer:" in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert len(report["runs"]) == 3 * 2
+    assert report["dataset"]["queries"] == 2 and report["dataset"]["documents"] == 11
+    assert {r["run"]["debias"] for r in report["runs"]} == {False, True}
+    for r in report["runs"]:
+        assert r["summary"]["overall"]["mrr@10"] == pytest.approx(1.0)
+    svgs = sorted(p.name for p in (tmp_path / "out").glob("heatmap-*.svg"))
+    assert svgs == ["heatmap-prefer-default-query-encoder-debias.svg",
+                    "heatmap-prefer-default-query-encoder-no-debias.svg",
+                    "heatmap-xy-default-query-encoder-debias.svg",
+                    "heatmap-xy-default-query-encoder-no-debias.svg"]
+
+
+def test_cli_eval_errors(tmp_path: Path, tiny_model: Path) -> None:
+    out = run_cli("eval", f"xquad-r:{tmp_path / 'missing'}", "--model", str(tiny_model), ok=False)
+    assert "XQuAD-R folder not found" in out
+    beir = write_beir(tmp_path / "beir", bad_lines=False)
+    out = run_cli("eval", str(beir), "--langs", "en", ok=False)
+    assert "BEIR dataset is evaluated whole" in out
+    out = run_cli("eval", str(beir), "--mode", "sideways", ok=False)
+    assert "sideways" in out
+
+
+def test_rerank_run_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
+    """A run with the teacher reranker goes through the real second stage."""
+    ds = load_xquad_r_dataset(write_xquad(tmp_path / "xq"), ["en", "de"])
+    report = evaluate(ds, make_runs([None], ["xy"], [None, "teacher"]), model=str(tiny_model),
+                      rerank_depth=10, command="test")
+    s = _runs_by(report)
+    assert s[("xy", "default query encoder + rerank teacher")]["overall"]["mrr@10"] == pytest.approx(1.0)
+    assert report.settings["rerank_depth"] == 10
+
+
+# -- the real model on the real data ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_cli_eval_xquad_r_real_model(tmp_path: Path, built_me5: Path) -> None:
+    if not XQUAD.is_dir():
+        pytest.skip(f"XQuAD-R is not at {XQUAD} (../shared/data/xquad-r)")
+    out = run_cli("eval", f"xquad-r:{XQUAD}", "--langs", "en,de", "--limit", "20",
+                  "--out", str(tmp_path / "out"), "-q")
+    assert "### X-Y: every language pooled" in out and "LAReQA" in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["dataset"]["queries"] == 40 and report["dataset"]["documents"] > 2000
+    by_mode = {r["run"]["mode"]: r["summary"] for r in report["runs"]}
+    assert set(by_mode) == {"xy", "mono"}
+    assert 0 < by_mode["xy"]["overall"]["map@20"] <= 1
+    assert 0.3 < by_mode["mono"]["overall"]["mrr@10"] <= 1
+    assert by_mode["xy"]["bias"]["expected_same_lang"] == pytest.approx(0.5)  # two languages pooled
+    assert (tmp_path / "out" / "heatmap-xy-default-query-encoder.svg").is_file()
