@@ -1,0 +1,198 @@
+"""Field attention: a document with several fields, weighted by what the query asks.
+
+The first stage embeds a record's fields appended into one text (title, description and
+body), which dilutes a field that matches the query with the ones that do not. This
+reranker embeds each field on its own and lets the query choose among them:
+
+    a_i = scale * q . W . f_i         (q: the query's first-stage vector, f_i: field i's)
+    w   = softmax(a)                  (over the candidate's non-empty fields)
+    d   = normalize(sum_i w_i f_i)
+    score = q . d
+
+``W`` is the identity unless a trained head is given (a safetensors file holding a square
+matrix ``"W"``; its norm also plays the part of ``scale``, so a trained head may keep the
+default scale). :func:`field_attention` is the whole of the math, pure, for tests and for
+training a head.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from vecplug.adapters.rerank import order_by_scores
+from vecplug.adapters.rerank.base import Query, Reranker, RerankContext
+from vecplug.adapters.stores.base import Record, StoreHit
+from vecplug.errors import ConfigError, ModelError, ModelMismatchError
+
+DEFAULT_FIELDS = ("title", "description", "text")
+#: field vectors kept per reranker; at 384 float32 dimensions 20,000 vectors take ~30 MB
+DEFAULT_CACHE_SIZE = 20_000
+
+
+class FieldScore(NamedTuple):
+    """:func:`field_attention`'s result for one candidate."""
+
+    #: softmax weight of each field, summing to 1
+    weights: np.ndarray
+    #: the weighted, normalised document vector
+    vector: np.ndarray
+    #: ``q . vector``
+    score: float
+
+
+def field_attention(query: np.ndarray, fields: np.ndarray, scale: float = 20.0,
+                    weight: np.ndarray | None = None) -> FieldScore:
+    """Attention of ``query`` (d,) over a candidate's ``fields`` (n, d), n >= 1.
+
+    ``weight`` is ``W`` (d, d); None means the identity. Computed in float64 so that the
+    result is the same whatever order the fields come in, up to rounding.
+    """
+    q = np.asarray(query, dtype=np.float64).reshape(-1)
+    f = np.asarray(fields, dtype=np.float64)
+    if f.ndim != 2 or f.shape[0] == 0 or f.shape[1] != q.shape[0]:
+        raise ValueError(f"fields must be (n >= 1, {q.shape[0]}), got {f.shape}")
+    qw = q if weight is None else q @ np.asarray(weight, dtype=np.float64)  # q^T W, so a_i = q^T W f_i
+    logits = scale * (f @ qw)
+    logits -= logits.max()  # softmax is shift-invariant; this keeps exp() from overflowing
+    w = np.exp(logits)
+    w /= w.sum()
+    doc = w @ f
+    norm = np.linalg.norm(doc)
+    if norm > 0:  # fields cancelling exactly leave a zero vector: score 0, not NaN
+        doc = doc / norm
+    return FieldScore(w, doc, float(q @ doc))
+
+
+def load_head(path: str | Path) -> np.ndarray:
+    """The square matrix ``"W"`` of a trained head (safetensors; never a pickle)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ModelError(f"field-attention head {p} does not exist")
+    try:
+        tensors = load_file(str(p))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelError(f"{p} is not a readable safetensors file: {exc}") from exc
+    if "W" not in tensors:
+        raise ModelError(f"{p} holds no tensor 'W' (found: {', '.join(sorted(tensors)) or 'none'})")
+    w = np.asarray(tensors["W"], dtype=np.float32)
+    if w.ndim != 2 or w.shape[0] != w.shape[1]:
+        raise ModelError(f"{p}: 'W' must be a square matrix, got shape {tuple(w.shape)}")
+    if not np.isfinite(w).all():
+        raise ModelError(f"{p}: 'W' holds non-finite values")
+    return w
+
+
+class FieldAttentionReranker(Reranker):
+    """Rescores candidates by attention of the query over their fields.
+
+    ``fields``: the fields to read, in order; ``"text"`` is the record's text, any other name
+    a payload key (title, description, url...); absent or empty fields are skipped, and a
+    candidate with none of them is scored on its text alone. ``scale``: the attention's
+    inverse temperature (cosines are small, so a large scale is needed for the weights to
+    differ). ``head``: a safetensors file with a trained ``W``. ``cache_size``: field vectors
+    kept between calls (least recently used dropped first), so a document that comes back
+    for another query is not embedded again.
+
+    Note: for JSONL/CSV records vecplug stores the appended fields as the record's text, so
+    ``"text"`` is that whole text (the first stage's view) rather than the body alone.
+    """
+
+    name: ClassVar[str] = "fields"
+    #: ``fields:PATH`` names a trained head
+    spec_argument: ClassVar[str] = "head"
+
+    def __init__(self, fields: Sequence[str] = DEFAULT_FIELDS, scale: float = 20.0,
+                 head: str | None = None, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        if isinstance(fields, str):
+            fields = [f.strip() for f in fields.split(",")]  # "title,text" from a flag or env
+        self.fields = tuple(f for f in fields if f)
+        if not self.fields:
+            raise ConfigError("the field reranker needs at least one field")
+        if not np.isfinite(scale):
+            raise ConfigError(f"field reranker scale must be finite, got {scale}")
+        self.scale = float(scale)
+        self.head = str(Path(head).expanduser()) if head else None
+        self.weight = load_head(self.head) if self.head else None
+        self.head_checksum: str | None = None
+        if self.head:
+            from vecplug.indexer.checksums import weights_sha256
+
+            self.head_checksum = weights_sha256(Path(self.head))
+        self.cache_size = int(cache_size)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_owner: Any = None
+
+    def warm_up(self, context: RerankContext) -> None:
+        context.encoder.document  # loads the document encoder (a lazy property)
+
+    def field_texts(self, record: Record) -> list[str]:
+        """The candidate's present, non-empty fields as texts, in ``fields`` order; its text
+        when it has none."""
+        texts = []
+        for name in self.fields:
+            value = record.text if name == "text" else record.payload.get(name)
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                continue  # lists, mappings, flags: nothing to read
+            value = str(value).strip()
+            if value:
+                texts.append(value)
+        return texts or [record.text]
+
+    def _embed(self, texts: Sequence[str], encoder: Any) -> dict[str, np.ndarray]:
+        """Vectors of distinct ``texts``, from the cache or from one encoder call."""
+        owner = self._cache_owner() if self._cache_owner is not None else None
+        if owner is not encoder:
+            # vectors of another encoder (another index) live in another space
+            self._cache.clear()
+            try:
+                self._cache_owner = weakref.ref(encoder)
+            except TypeError:  # an object without weak references: keep it alive instead
+                self._cache_owner = lambda e=encoder: e
+        found: dict[str, np.ndarray] = {}
+        missing: list[str] = []
+        for t in dict.fromkeys(texts):
+            if t in self._cache:
+                self._cache.move_to_end(t)
+                found[t] = self._cache[t]
+            else:
+                missing.append(t)
+        if missing:
+            # documents take the passage prefix and the document maximum length, as indexed
+            vecs = np.asarray(encoder.encode_documents(missing, progress=False), dtype=np.float32)
+            for t, v in zip(missing, vecs):
+                found[t] = v
+                self._cache[t] = v
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return found
+
+    def rerank(self, queries: Sequence[Query], candidates: Sequence[Sequence[StoreHit]],
+               context: RerankContext) -> list[list[StoreHit]]:
+        if len(queries) != len(candidates):
+            raise ValueError(f"{len(queries)} queries but {len(candidates)} candidate lists")
+        per_hit = [[self.field_texts(h.record) for h in cands] for cands in candidates]
+        # one encoder call for every field text of every query not already cached
+        vectors = self._embed([t for hits in per_hit for texts in hits for t in texts], context.encoder)
+        out = []
+        for q, cands, hits in zip(queries, candidates, per_hit):
+            qv = np.asarray(q.vector, dtype=np.float32).reshape(-1)
+            if self.weight is not None and self.weight.shape[0] != qv.shape[0]:
+                raise ModelMismatchError(f"field head {self.head} is {self.weight.shape[0]}-dimensional, "
+                                         f"the index's vectors are {qv.shape[0]}-dimensional")
+            scores = [field_attention(qv, np.stack([vectors[t] for t in texts]), self.scale,
+                                      self.weight).score
+                      for texts in hits]
+            out.append(order_by_scores(cands, scores))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "fields": list(self.fields), "scale": self.scale,
+                "head": self.head, "checksum": self.head_checksum}

@@ -1,0 +1,54 @@
+"""The teacher reranker: multi-stage ranking with the index's own document encoder.
+
+The first stage encodes the query with the fast query encoder (typically a distilled
+student) and searches the index. This stage re-encodes the query with the full document
+encoder, the "teacher" the student was distilled from, and rescores the candidates exactly
+against their stored vectors: the teacher's accuracy on a short list, at the cost of one
+teacher forward pass per query (no document is re-encoded).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from vecplug.adapters.rerank import order_by_scores
+from vecplug.adapters.rerank.base import Query, Reranker, RerankContext
+from vecplug.adapters.stores.base import StoreHit
+
+
+class TeacherReranker(Reranker):
+    """Rescores candidates with the query as the document encoder embeds it.
+
+    The query keeps the query side's prefix (``query: `` for E5) and maximum length, so the
+    teacher sees it as it was trained to; scores come from ``context.score_vectors``, hence
+    in the first stage's geometry (language-bias correction included when it is on).
+    """
+
+    name: ClassVar[str] = "teacher"
+
+    def warm_up(self, context: RerankContext) -> None:
+        context.encoder.document  # loads the document encoder (a lazy property)
+
+    def encode_queries(self, texts: Sequence[str], context: RerankContext) -> np.ndarray:
+        """The teacher's vectors for query ``texts``, one batched pass."""
+        enc = context.encoder
+        return enc.document.encode(list(texts), enc.query_prefix, enc.query_max_length,
+                                   progress=False)
+
+    def rerank(self, queries: Sequence[Query], candidates: Sequence[Sequence[StoreHit]],
+               context: RerankContext) -> list[list[StoreHit]]:
+        if len(queries) != len(candidates):
+            raise ValueError(f"{len(queries)} queries but {len(candidates)} candidate lists")
+        # queries without candidates are not worth a forward pass
+        todo = [i for i, c in enumerate(candidates) if len(c)]
+        vectors = self.encode_queries([queries[i].text for i in todo], context)
+        out: list[list[StoreHit]] = [list(c) for c in candidates]
+        for row, i in enumerate(todo):
+            scores = np.asarray(context.score_vectors(vectors[row], candidates[i], queries[i].lang))
+            out[i] = order_by_scores(candidates[i], scores.reshape(-1))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "model": "the index's document encoder"}

@@ -1,0 +1,562 @@
+"""Second-stage rerankers: cross-encoder, teacher, field attention, and their registry.
+
+Everything runs on tiny models built here (no network, no real model): the cross-encoder is
+a one-layer BERT trained for a few seconds on a toy relevance task, the teacher is the
+session's tiny BERT with a real hnswlib index.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Sequence
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vecplug.adapters.rerank import (
+    BUILTIN_RERANKERS,
+    Query,
+    RerankContext,
+    Reranker,
+    available_rerankers,
+    get_reranker,
+    order_by_scores,
+)
+from vecplug.adapters.stores import Record, StoreHit, get_store_class
+from vecplug.errors import ConfigError, ModelError, ModelMismatchError, UnknownBackendError
+
+# -- a toy cross-encoder ---------------------------------------------------------------
+
+# Two topics in four languages, words of the tiny tokenizer's training text. A document is
+# relevant to a query when its words are of the query's topic: the model must read the
+# query and the document together to tell (neither alone says anything).
+TOPICS = [
+    ["fox", "dog", "quick", "brown", "lazy", "jumps", "hund", "fuchs", "zorro", "perro"],
+    ["water", "boils", "degrees", "hundred", "wasser", "kocht", "grad", "agua", "hierve", "grados"],
+]
+
+
+def _query(rng: np.random.Generator, topic: int) -> list[str]:
+    return list(rng.choice(TOPICS[topic], 2, replace=False))
+
+
+def _doc(rng: np.random.Generator, topic: int, avoid: Sequence[str] = ()) -> str:
+    words = [w for w in TOPICS[topic] if w not in avoid]
+    return " ".join(rng.choice(words, int(rng.integers(2, 5)), replace=False))
+
+
+def _pairs(rng: np.random.Generator, n: int) -> tuple[list[str], list[str], list[float]]:
+    qs, ds, ys = [], [], []
+    for _ in range(n):
+        t = int(rng.integers(2))
+        q = _query(rng, t)
+        relevant = rng.random() < 0.5
+        qs.append(" ".join(q))
+        ds.append(_doc(rng, t, q) if relevant else _doc(rng, 1 - t))
+        ys.append(1.0 if relevant else 0.0)
+    return qs, ds, ys
+
+
+def _pair_tokenizer(tiny_model: Path, folder: Path) -> Any:
+    """The tiny model's tokenizer, taught pairs: ``[CLS] A [SEP] B [SEP]``, B with type 1."""
+    from transformers import AutoTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = json.loads((tiny_model / "tokenizer.json").read_text())
+    tok["post_processor"]["pair"] = [
+        {"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+        {"SpecialToken": {"id": "[SEP]", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+        {"SpecialToken": {"id": "[SEP]", "type_id": 1}}]
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    config = json.loads((tiny_model / "tokenizer_config.json").read_text())
+    config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def build_cross_encoder(tiny_model: Path, folder: Path, num_labels: int = 1, seed: int = 0,
+                        train: bool = False) -> Path:
+    """A one-layer BertForSequenceClassification with the tiny tokenizer, trained on the toy
+    task if ``train`` (until it has learnt it, a few seconds)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = _pair_tokenizer(tiny_model, folder)
+    # the tiny tokenizer's ids differ from build to build (its trainer breaks ties in hash
+    # order), so one seed cannot be relied on: a run that has not learnt after 300 steps
+    # starts over with the next seed (with a wide init and a warm-up, ~1 in 30 needs it)
+    for attempt in range(3 if train else 1):
+        torch.manual_seed(seed + attempt)
+        config = BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=128, max_position_embeddings=128, num_labels=num_labels,
+                            initializer_range=0.1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model = BertForSequenceClassification(config)
+        if not train:
+            break
+        accuracy = _train(model, tok, seed + attempt)
+        if accuracy >= 0.98:
+            break
+    else:
+        pytest.fail(f"the toy cross-encoder did not learn its task (accuracy {accuracy}): a setup "
+                    "failure, not a reranker one")
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def _train(model: Any, tok: Any, seed: int, max_steps: int = 300) -> float:
+    """Binary cross-entropy on toy pairs; the held-out accuracy it reached."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    val_q, val_d, val_y = _pairs(np.random.default_rng(seed + 1000), 200)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
+    accuracy = 0.0
+    for step in range(1, max_steps + 1):
+        model.train()
+        qs, ds, ys = _pairs(rng, 32)
+        logits = model(**tok(qs, ds, padding=True, return_tensors="pt")).logits[:, 0]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.tensor(ys))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 and step >= 150:
+            model.eval()
+            with torch.no_grad():
+                s = model(**tok(val_q, val_d, padding=True, return_tensors="pt")).logits[:, 0].numpy()
+            accuracy = float(((s > 0) == (np.array(val_y) > 0)).mean())
+            if accuracy >= 0.98:
+                break
+    model.eval()
+    return accuracy
+
+
+@pytest.fixture(scope="module")
+def trained_ce(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_cross_encoder(tiny_model, tmp_path_factory.mktemp("ce") / "trained", train=True)
+
+
+def hits(texts: Sequence[str], scores: Sequence[float] | None = None,
+         payloads: Sequence[dict[str, Any]] | None = None) -> list[StoreHit]:
+    scores = scores if scores is not None else [1.0 - 0.1 * i for i in range(len(texts))]
+    payloads = payloads or [{} for _ in texts]
+    return [StoreHit(Record(f"d{i}", t, "src", i, "en", dict(p)), s)
+            for i, (t, s, p) in enumerate(zip(texts, scores, payloads))]
+
+
+def no_context() -> RerankContext:
+    """The cross-encoder reads only the candidates' texts."""
+    def refuse(*args: Any) -> np.ndarray:
+        raise AssertionError("the cross-encoder must not need first-stage scores")
+
+    return RerankContext(encoder=None, store=None, score_vectors=refuse)
+
+
+def test_cross_encoder_puts_relevant_first(trained_ce: Path) -> None:
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+
+    reranker = CrossEncoderReranker(str(trained_ce), batch_size=7)  # batches cut across queries
+    rng = np.random.default_rng(4242)  # held out: the training used other seeds
+    queries, candidates, relevant = [], [], []
+    for i in range(24):
+        t = i % 2
+        q = _query(rng, t)
+        docs = [_doc(rng, 1 - t) for _ in range(3)] + [_doc(rng, t, q)]  # relevant one last
+        queries.append(Query(" ".join(q), "en", np.zeros(4, np.float32)))
+        candidates.append(hits(docs))
+        relevant.append(docs[-1])
+    out = reranker.rerank(queries, candidates, no_context())
+    assert len(out) == len(queries)
+    # each score is the model's logit for that very pair (padding and batching leave no trace)
+    pairs = [(q.text, h.record.text) for q, c in zip(queries, candidates) for h in c]
+    direct = dict(zip(pairs, _direct_logits(trained_ce, pairs)[:, 0]))
+    for q, got in zip(queries, out):
+        np.testing.assert_allclose([h.score for h in got], [direct[q.text, h.record.text] for h in got],
+                                   atol=1e-4)
+    for got, cands, rel in zip(out, candidates, relevant):
+        assert sorted(h.record.id for h in got) == sorted(h.record.id for h in cands)
+        assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
+        assert got[0].record.text == rel
+    desc = reranker.describe()
+    assert desc["name"] == "cross-encoder" and desc["max_length"] == 256
+    assert desc["path"] == str(trained_ce.resolve()) and len(desc["checksum"]) == 64
+    # scores do not depend on batching or on which other queries share the call
+    alone = CrossEncoderReranker(str(trained_ce), batch_size=1).rerank(queries[:1], candidates[:1],
+                                                                       no_context())[0]
+    assert [h.record.id for h in alone] == [h.record.id for h in out[0]]
+    np.testing.assert_allclose([h.score for h in alone], [h.score for h in out[0]], atol=1e-4)
+
+
+def _direct_logits(folder: Path, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+    """Each pair alone (no padding), straight through transformers."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        return np.stack([model(**tok(q, d, return_tensors="pt")).logits[0].numpy() for q, d in pairs])
+
+
+def test_cross_encoder_two_labels_score_is_log_odds(tiny_model: Path, tmp_path: Path) -> None:
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+
+    folder = build_cross_encoder(tiny_model, tmp_path / "ce2", num_labels=2, seed=3)
+    # lengths grow with the index, so the reranker's longest-first batches reverse the order
+    docs = ["water", "el perro", "wasser kocht bei hundert grad",
+            "the quick brown fox jumps over the lazy dog",
+            "agua hierve a cien grados y el zorro marrón salta sobre el perro perezoso"]
+    pairs = [("fox dog", d) for d in docs]
+    logits = _direct_logits(folder, pairs)
+    expected = logits[:, 1] - logits[:, 0]
+    reranker = CrossEncoderReranker(str(folder), batch_size=2)
+    np.testing.assert_allclose(reranker.score_pairs(pairs), expected, atol=1e-4)
+    assert reranker.num_labels == 2
+    got = reranker.rerank([Query("fox dog", None, np.zeros(4, np.float32))], [hits(docs)], no_context())[0]
+    assert [h.record.text for h in got] == [docs[i] for i in np.argsort(-expected, kind="stable")]
+
+
+def test_cross_encoder_refuses_other_label_counts(tiny_model: Path, tmp_path: Path) -> None:
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+
+    folder = build_cross_encoder(tiny_model, tmp_path / "ce3", num_labels=3)
+    reranker = CrossEncoderReranker(str(folder))
+    with pytest.raises(ModelError, match="3 labels"):
+        reranker.warm_up(no_context())
+
+
+def test_cross_encoder_model_errors(tiny_model: Path, tmp_path: Path) -> None:
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+
+    with pytest.raises(ModelError, match="does not exist"):
+        CrossEncoderReranker(str(tmp_path / "no" / "such-model"))
+    with pytest.raises(ModelError, match="not a cross-encoder"):
+        CrossEncoderReranker(str(tiny_model))  # an embedding model: BertModel
+    with pytest.raises(ModelError, match="embedding models"):
+        CrossEncoderReranker("me5-small")  # and nothing gets built
+    # a folder that names no architecture is judged by its weights: no trained head
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_model, bare)
+    config = json.loads((bare / "config.json").read_text())
+    config.pop("architectures", None)
+    (bare / "config.json").write_text(json.dumps(config))
+    reranker = CrossEncoderReranker(str(bare))
+    with pytest.raises(ModelError, match="not a trained cross-encoder.*classifier"):
+        reranker.warm_up(no_context())
+    with pytest.raises(ModelError, match="could not get model .some-org"):  # offline (conftest)
+        CrossEncoderReranker("some-org/some-cross-encoder")
+
+
+def test_cross_encoder_truncates_long_inputs(trained_ce: Path) -> None:
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+
+    reranker = CrossEncoderReranker(str(trained_ce), max_length=16)
+    reranker.load()
+    seen: list[Any] = []
+    reranker.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].clone()), with_kwargs=True)
+    long_doc = " ".join(["water boils at one hundred degrees"] * 200)  # ~1200 tokens: past 128 positions
+    long_query = " ".join(["the quick brown fox"] * 50)  # the query alone exceeds max_length
+    mid_query = "the quick brown fox jumps over the lazy"  # fits, but leaves little room
+    mid_doc = "water boils at one hundred degrees wasser kocht"
+    pairs = [("fox dog", long_doc), (long_query, "water"), (long_query, long_doc), ("fox dog", "perro"),
+             (mid_query, mid_doc)]
+    scores = reranker.score_pairs(pairs)
+    assert np.isfinite(scores).all()
+    assert all(batch.shape[1] <= 16 for batch in seen)
+    rows = [row[row != reranker.tokenizer.pad_token_id].tolist() for batch in seen for row in batch]
+    tok = reranker.tokenizer
+    # while the query fits, only the document side is cut; a query that does not fit is cut too
+    for q, d in pairs:
+        strategy = "longest_first" if q is long_query else "only_second"
+        assert tok(q, d, truncation=strategy, max_length=16)["input_ids"] in rows
+    assert (tok(mid_query, mid_doc, truncation="only_second", max_length=16)["input_ids"] !=
+            tok(mid_query, mid_doc, truncation="longest_first", max_length=16)["input_ids"])
+
+
+# -- the teacher --------------------------------------------------------------------------
+
+def test_teacher_rescores_with_the_document_encoder(tiny_model: Path, other_tiny_model: Path,
+                                                    tmp_path: Path) -> None:
+    from vecplug.adapters.rerank.teacher import TeacherReranker
+    from vecplug.indexer.encoder import Encoder
+
+    # the student (query side) is another model: the teacher must use the document side, the
+    # query prefix and the query length (6 tokens cuts these queries)
+    encoder = Encoder.from_specs(str(tiny_model), str(other_tiny_model), query_prefix="query: ",
+                                 document_prefix="passage: ", query_max_length=6)
+    texts = ["the quick brown fox jumps over the lazy dog", "water boils at one hundred degrees",
+             "der schnelle braune fuchs springt über den faulen hund", "wasser kocht bei hundert grad",
+             "el agua hierve a cien grados", "水在一百度沸腾"]
+    records = [Record(f"doc{i}", t, "src", i, None, {}) for i, t in enumerate(texts)]
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), encoder.dim,
+                                              {"document_encoder": "tiny", "dim": encoder.dim}, {})
+    try:
+        store.upsert(records, encoder.encode_documents(texts))
+        store.commit()
+
+        def exact(qv: np.ndarray, cands: Sequence[StoreHit], lang: str | None) -> np.ndarray:
+            return store.vectors([h.record.id for h in cands]) @ qv
+
+        context = RerankContext(encoder, store, exact)
+        queries = ["water boiling at one hundred degrees, how hot?", "a quick brown fox and a lazy dog"]
+        student = encoder.encode_queries(queries)
+        first = [store.search(v, len(texts)) for v in student]
+        first[1] = first[1][::-1]  # any first-stage order: the teacher's is what counts
+        reranker = TeacherReranker()
+        reranker.warm_up(context)
+        out = reranker.rerank([Query(q, None, v) for q, v in zip(queries, student)], first, context)
+
+        teacher = encoder.document.encode(queries, "query: ", 6)
+        for q_vec, got in zip(teacher, out):
+            stored = store.vectors([h.record.id for h in got])
+            cosine = stored @ q_vec / np.linalg.norm(stored, axis=1) / np.linalg.norm(q_vec)
+            np.testing.assert_allclose([h.score for h in got], cosine, atol=1e-5)
+            assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
+            assert sorted(h.record.id for h in got) == sorted(r.id for r in records)
+        # the check can fail: the student's vectors, or the teacher without the query prefix
+        # or length, give other scores
+        wrong = [encoder.document.encode(queries, "", 6), encoder.document.encode(queries, "query: ", 64),
+                 student]
+        for other in wrong:
+            diff = max(np.abs(store.vectors([h.record.id for h in got]) @ other[i] -
+                              np.array([h.score for h in got])).max() for i, got in enumerate(out))
+            assert diff > 1e-3
+        assert reranker.describe()["name"] == "teacher"
+        assert reranker.rerank([Query("x", None, student[0])], [[]], context) == [[]]
+    finally:
+        store.close()
+
+
+# -- field attention ----------------------------------------------------------------------
+
+def test_field_attention_by_hand() -> None:
+    from vecplug.adapters.rerank.fields import field_attention
+
+    q = np.array([1.0, 0.0])
+    fields = np.array([[1.0, 0.0], [0.0, 1.0]])  # a title on the query's direction, a body across it
+    # scale 1, W = I: a = (1, 0); w = (e, 1) / (e + 1); d = w / |w|; score = w_1 / |w|
+    w1, w2 = math.e / (math.e + 1), 1 / (math.e + 1)
+    got = field_attention(q, fields, scale=1.0)
+    np.testing.assert_allclose(got.weights, [w1, w2], atol=1e-12)
+    np.testing.assert_allclose(got.weights, [0.7310586, 0.2689414], atol=1e-7)
+    np.testing.assert_allclose(got.vector, np.array([w1, w2]) / math.hypot(w1, w2), atol=1e-12)
+    assert got.score == pytest.approx(w1 / math.hypot(w1, w2), abs=1e-12)
+    assert got.score == pytest.approx(0.9385, abs=1e-4)
+    # W = I is the default, and a W swapping the axes makes the body the one that matches
+    same = field_attention(q, fields, scale=1.0, weight=np.eye(2))
+    np.testing.assert_allclose(same.weights, got.weights, atol=1e-12)
+    swapped = field_attention(q, fields, scale=1.0, weight=np.array([[0.0, 1.0], [1.0, 0.0]]))
+    np.testing.assert_allclose(swapped.weights, [w2, w1], atol=1e-12)
+    assert swapped.score == pytest.approx(w2 / math.hypot(w1, w2), abs=1e-12)
+    # orientation: a = q^T W f, so q = e1 reads W's first row (0, 2): a = (0, 2)
+    one_way = field_attention(q, fields, scale=1.0, weight=np.array([[0.0, 2.0], [0.0, 0.0]]))
+    np.testing.assert_allclose(one_way.weights, np.array([1.0, math.exp(2)]) / (1 + math.exp(2)), atol=1e-12)
+    # a large scale attends to the best field only; one field is that field
+    assert field_attention(q, fields, scale=200.0).score == pytest.approx(1.0, abs=1e-9)
+    assert field_attention(q, fields[1:], scale=20.0).score == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError):
+        field_attention(q, np.zeros((0, 2)))
+
+
+class DictEncoder:
+    """Field text -> a fixed vector; records what it was asked to encode."""
+
+    def __init__(self, table: dict[str, Sequence[float]]) -> None:
+        self.table = {k: np.asarray(v, np.float32) / np.linalg.norm(v) for k, v in table.items()}
+        self.asked: list[str] = []
+        self.calls = 0
+
+    def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
+        self.calls += 1
+        self.asked.extend(texts)
+        return np.stack([self.table[t] for t in texts])
+
+
+TABLE = {"Fox facts": [1, 0], "all about water": [0, 1], "Dogs": [0.6, 0.8], "dogs and foxes": [0.6, 0.8],
+         "a body about foxes": [0.9, 0.1], "Teaser": [0.2, 0.9]}
+
+
+def _field_hits() -> list[StoreHit]:
+    return hits(["all about water", "dogs and foxes", "a body about foxes"],
+                payloads=[{"title": "Fox facts"}, {"title": "Dogs", "description": ""},
+                          {"description": "Teaser", "url": ["not", "text"], "n": True}])
+
+
+def test_field_reranker_scores_and_order() -> None:
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker, field_attention
+
+    enc = DictEncoder(TABLE)
+    context = RerankContext(enc, None, lambda *a: np.zeros(0))
+    q = np.array([1.0, 0.0], np.float32)
+    reranker = FieldAttentionReranker()
+    got = reranker.rerank([Query("fox", "en", q)], [_field_hits()], context)[0]
+    t = enc.table
+    expected = {"d0": field_attention(q, np.stack([t["Fox facts"], t["all about water"]]), 20.0).score,
+                "d1": field_attention(q, np.stack([t["Dogs"], t["dogs and foxes"]]), 20.0).score,
+                "d2": field_attention(q, np.stack([t["Teaser"], t["a body about foxes"]]), 20.0).score}
+    assert {h.record.id: h.score for h in got} == pytest.approx(expected, abs=1e-6)
+    assert [h.record.id for h in got] == sorted(expected, key=lambda k: -expected[k])
+    assert got[0].record.id == "d0"  # its title matches: the attention finds it despite the body
+    assert reranker.describe() == {"name": "fields", "fields": ["title", "description", "text"],
+                                   "scale": 20.0, "head": None, "checksum": None}
+
+
+def test_field_reranker_loads_a_trained_head(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+
+    head = tmp_path / "head.safetensors"
+    save_file({"W": np.array([[0.0, 1.0], [1.0, 0.0]], np.float32)}, str(head))
+    context = RerankContext(DictEncoder(TABLE), None, lambda *a: np.zeros(0))
+    q = Query("fox", "en", np.array([1.0, 0.0], np.float32))
+    cands = _field_hits()[:2]
+    plain = FieldAttentionReranker().rerank([q], [cands], context)[0]
+    trained = get_reranker(f"fields:{head}").rerank([q], [cands], context)[0]
+    assert [h.record.id for h in plain] == ["d0", "d1"]  # d0's title matches the query
+    assert [h.record.id for h in trained] == ["d1", "d0"]  # the head attends to the crossing field
+    assert trained[1].score == pytest.approx(0.0, abs=1e-6)  # d0 is read through its water body
+    reranker = FieldAttentionReranker(head=str(head))
+    assert len(reranker.describe()["checksum"]) == 64
+    with pytest.raises(ModelMismatchError, match="2-dimensional"):
+        reranker.rerank([Query("x", None, np.ones(3, np.float32) / 3 ** 0.5)], [cands], context)
+    bad = tmp_path / "bad.safetensors"
+    save_file({"W": np.ones((2, 3), np.float32)}, str(bad))
+    with pytest.raises(ModelError, match="square"):
+        FieldAttentionReranker(head=str(bad))
+    save_file({"V": np.eye(2, dtype=np.float32)}, str(bad))
+    with pytest.raises(ModelError, match="no tensor 'W'"):
+        FieldAttentionReranker(head=str(bad))
+    with pytest.raises(ModelError, match="does not exist"):
+        FieldAttentionReranker(head=str(tmp_path / "missing.safetensors"))
+    pickle = tmp_path / "head.pt"
+    pickle.write_bytes(b"\x80\x04not safetensors")
+    with pytest.raises(ModelError, match="safetensors"):
+        FieldAttentionReranker(head=str(pickle))
+
+
+def test_field_reranker_encodes_each_field_text_once() -> None:
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+
+    enc = DictEncoder(TABLE)
+    context = RerankContext(enc, None, lambda *a: np.zeros(0))
+    reranker = FieldAttentionReranker()
+    q = Query("fox", "en", np.array([1.0, 0.0], np.float32))
+    twice = _field_hits() + _field_hits()[:1]  # a candidate repeated within one call
+    reranker.rerank([q, q], [twice, _field_hits()[1:]], context)
+    assert enc.calls == 1 and sorted(enc.asked) == sorted(set(enc.asked))
+    assert len(enc.asked) == 6
+    again = reranker.rerank([q], [_field_hits()], context)[0]
+    assert enc.calls == 1  # all from the cache
+    assert len(again) == 3
+    # another encoder (another index) does not see this one's vectors
+    other = DictEncoder(TABLE)
+    reranker.rerank([q], [_field_hits()[:1]], RerankContext(other, None, lambda *a: np.zeros(0)))
+    assert sorted(other.asked) == ["Fox facts", "all about water"]
+    # a small cache drops the least recently used texts
+    small = FieldAttentionReranker(cache_size=2)
+    enc2 = DictEncoder(TABLE)
+    ctx2 = RerankContext(enc2, None, lambda *a: np.zeros(0))
+    small.rerank([q], [_field_hits()[:1]], ctx2)  # 2 texts cached
+    small.rerank([q], [_field_hits()[1:2]], ctx2)  # 2 others, the first two dropped
+    small.rerank([q], [_field_hits()[:1]], ctx2)
+    assert enc2.asked.count("Fox facts") == 2
+
+
+def test_field_reranker_falls_back_to_text() -> None:
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+
+    enc = DictEncoder(TABLE)
+    context = RerankContext(enc, None, lambda *a: np.zeros(0))
+    reranker = FieldAttentionReranker(fields=("title", "description"))
+    q = np.array([1.0, 0.0], np.float32)
+    cands = hits(["a body about foxes", "all about water"], payloads=[{}, {"title": "  ", "url": "x"}])
+    got = reranker.rerank([Query("fox", "en", q)], [cands], context)[0]
+    assert sorted(enc.asked) == ["a body about foxes", "all about water"]
+    assert got[0].record.id == "d0"
+    assert got[0].score == pytest.approx(float(enc.table["a body about foxes"] @ q), abs=1e-6)
+    assert got[1].score == pytest.approx(0.0, abs=1e-6)
+    assert FieldAttentionReranker(fields="title, text").fields == ("title", "text")
+    with pytest.raises(ConfigError):
+        FieldAttentionReranker(fields=())
+
+
+def test_field_reranker_with_a_real_encoder(tiny_model: Path) -> None:
+    """The real Encoder's encode_documents (passage prefix) fits the reranker."""
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+    from vecplug.indexer.encoder import Encoder
+
+    encoder = Encoder.from_specs(str(tiny_model), document_prefix="passage: ")
+    cands = hits(["water boils at one hundred degrees", "the quick brown fox"],
+                 payloads=[{"title": "wasser kocht"}, {"title": "der schnelle braune fuchs"}])
+    q = encoder.encode_queries(["fox"])[0]
+    got = FieldAttentionReranker().rerank([Query("fox", None, q)], [cands],
+                                          RerankContext(encoder, None, lambda *a: np.zeros(0)))[0]
+    fox = encoder.document.encode(["der schnelle braune fuchs", "the quick brown fox"], "passage: ", 256)
+    from vecplug.adapters.rerank.fields import field_attention
+
+    score = next(h.score for h in got if h.record.id == "d1")
+    assert score == pytest.approx(field_attention(q, fox, 20.0).score, abs=1e-5)
+
+
+# -- registry -----------------------------------------------------------------------------
+
+def test_registry(trained_ce: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+    from vecplug.adapters.rerank.teacher import TeacherReranker
+
+    assert set(BUILTIN_RERANKERS) == {"teacher", "cross-encoder", "fields"}
+    assert set(BUILTIN_RERANKERS) <= set(available_rerankers())
+    assert isinstance(get_reranker("teacher"), TeacherReranker)
+    assert isinstance(get_reranker("fields", scale=5.0), FieldAttentionReranker)
+    ce = get_reranker(f"cross-encoder:{trained_ce}", max_length=64)
+    assert isinstance(ce, CrossEncoderReranker) and isinstance(ce, Reranker)
+    assert ce.path == trained_ce.resolve() and ce.max_length == 64
+    assert get_reranker("cross-encoder", model=str(trained_ce)).path == trained_ce.resolve()
+    with pytest.raises(UnknownBackendError, match="unknown reranker 'nope'.*cross-encoder, fields, teacher"):
+        get_reranker("nope")
+    with pytest.raises(ConfigError, match="cross-encoder:MODEL"):
+        get_reranker("cross-encoder")
+    with pytest.raises(ModelError, match="does not exist"):
+        get_reranker(f"cross-encoder:{tmp_path / 'missing'}")
+    with pytest.raises(ConfigError, match="takes no argument"):
+        get_reranker("teacher:something")
+    with pytest.raises(ConfigError, match="accepts: fields, scale, head, cache_size"):
+        get_reranker("fields", depth=3)
+
+    class Mine(Reranker):
+        name = "mine"
+
+        def __init__(self, model: str = "default") -> None:
+            self.model = model
+
+        def rerank(self, queries: Any, candidates: Any, context: Any) -> list[list[StoreHit]]:
+            return [list(c) for c in candidates]
+
+    import vecplug.adapters.rerank as registry
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [
+        EntryPoint("mine", f"{__name__}:_THIRD_PARTY", group)] if group == registry.ENTRY_POINT_GROUP else [])
+    globals()["_THIRD_PARTY"] = Mine
+    try:
+        assert available_rerankers()["mine"] == f"{__name__}:_THIRD_PARTY"
+        assert get_reranker("mine:xyz").model == "xyz"
+    finally:
+        globals().pop("_THIRD_PARTY")
+
+
+def test_order_by_scores_is_stable_and_puts_nan_last() -> None:
+    cands = hits(["a", "b", "c", "d"])
+    got = order_by_scores(cands, [0.5, float("nan"), 0.5, 0.9])
+    assert [h.record.id for h in got] == ["d3", "d0", "d2", "d1"]
+    assert got[0].score == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        order_by_scores(cands, [1.0])
