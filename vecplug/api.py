@@ -258,7 +258,7 @@ class Index:
         if bad.any():
             raise VecplugError("the query encoder gave a non-finite or zero vector for "
                                f"{queries[int(np.argmax(bad))]!r}")
-        candidates = [modes.first_stage(self.store, v, ql, mode, depth, target, means)
+        candidates = [self._first_stage(v, ql, mode, depth, target, means, single=len(queries) == 1)
                       for v, ql in zip(vectors, qlangs)]
         if reranker is not None:
             candidates = reranker.rerank([Query(q, ql, v) for q, ql, v in zip(queries, qlangs, vectors)],
@@ -271,6 +271,18 @@ class Index:
                                   h.record.payload, rank) for rank, h in enumerate(c[:k], 1)],
                              share, v)
                 for q, ql, c, v in zip(queries, qlangs, candidates, vectors)]
+
+    def _first_stage(self, vector: Any, query_lang: str | None, mode: str, depth: int,
+                     target: list[str] | None, means: Any, single: bool) -> list[Any]:
+        from vecplug.adapters import modes
+        from vecplug.errors import ConfigError
+
+        try:
+            return modes.first_stage(self.store, vector, query_lang, mode, depth, target, means)
+        except ConfigError:
+            if single:
+                raise
+            return []  # in a batch, a mono query of unknown language finds nothing
 
     def score_ids(self, vector: Any, ids: Sequence[str], query_lang: str | None,
                   debias: bool | None = None) -> Any:

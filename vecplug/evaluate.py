@@ -127,7 +127,8 @@ def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[st
               reranks: Sequence[str | None] = (None,),
               debias: Sequence[bool | None] = (None,)) -> list[Run]:
     """Every combination of the given query encoders, modes, rerankers and debias settings,
-    mode by mode (so each mode's table lists its runs side by side)."""
+    mode by mode (so each mode's table lists its runs side by side); ``mono`` runs ignore
+    ``debias``."""
     def unique(values: Sequence[Any]) -> list[Any]:
         return list(dict.fromkeys(values)) or [None]
 
@@ -135,7 +136,8 @@ def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[st
     for mode in unique(modes) if modes else list(DEFAULT_MODES):
         for q in unique(query_encoders):
             for r in unique([None if r in (None, "", "none") else r for r in reranks]):
-                for d in unique(debias):
+                # the correction never changes a mono ranking (one language, one mean): one run
+                for d in (unique(debias) if mode != "mono" else [None]):
                     runs.append(Run(run_label(q, r, d), q, mode, r, d))
     return runs
 
