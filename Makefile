@@ -8,7 +8,7 @@ DEMO_INDEX ?= .demo-index
 # torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs)
 TORCH ?= torch==2.13.0
 
-.PHONY: setup models demo test test-fast bench bench-students clean
+.PHONY: setup models demo test test-fast bench bench-students bench-eval clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,9 @@ bench: models
 
 bench-students: models
 	bash benchmarks/students.sh
+
+bench-eval: models
+	bash benchmarks/eval.sh
 
 clean:
 	rm -rf $(VENV) $(DEMO_INDEX) .vecplug build *.egg-info

@@ -334,6 +334,9 @@ def test_report_renders_and_writes(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["runs"][0]["summary"]["overall"]["map@20"] == pytest.approx(1 / 3)
     assert len(data["runs"][0]["queries"]) == 2
+    report.write(tmp_path / "summary", per_query=False)
+    short = json.loads((tmp_path / "summary" / "report.json").read_text())
+    assert "queries" not in short["runs"][0] and short["runs"][0]["summary"] == data["runs"][0]["summary"]
     svg = ET.parse(tmp_path / "out" / "heatmap-xy-default-query-encoder.svg").getroot()
     texts = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert "100%" in texts and "0%" in texts and "-" in texts  # de -> fr has no relevant document

@@ -282,12 +282,14 @@ def models_build(name: str, force: bool) -> None:
 @click.option("--out", type=click.Path(file_okay=False),
               help="Write report.md, report.json and heatmap-*.svg into this folder.")
 @click.option("--limit", type=click.IntRange(min=1), help="Only the first N queries of each language.")
+@click.option("--per-query/--summary-only", default=True,
+              help="Put every query's numbers in report.json, or only the aggregates.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_errors
 def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | None,
              query_encoders: tuple[str, ...], modes: tuple[str, ...], reranks: tuple[str, ...],
              rerank_depth: int | None, debias: str | None, no_debias: bool, index_path: str | None,
-             out: str | None, limit: int | None, quiet: bool) -> None:
+             out: str | None, limit: int | None, per_query: bool, quiet: bool) -> None:
     """Score retrievers on DATASET and print a Markdown report.
 
     DATASET is xquad-r:PATH (a folder of <lang>.json), beir:PATH (corpus.jsonl, queries.jsonl,
@@ -309,7 +311,7 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
         click.echo(f"skipped {problem}", err=True)
     click.echo(report.markdown())
     if out:
-        for path in report.write(out):
+        for path in report.write(out, per_query=per_query):
             click.echo(f"wrote {path}", err=True)
 
 

@@ -345,11 +345,13 @@ class EvalReport:
     results: list[RunResult]
     references: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every number, JSON-ready."""
+    def to_dict(self, per_query: bool = True) -> dict[str, Any]:
+        """Every number, JSON-ready (without each query's own with ``per_query=False``)."""
+        runs = [r.to_dict() for r in self.results]
+        if not per_query:
+            runs = [{k: v for k, v in r.items() if k != "queries"} for r in runs]
         return {"machine": self.machine, "dataset": self.dataset, "index": self.index,
-                "settings": self.settings, "references": self.references,
-                "runs": [r.to_dict() for r in self.results]}
+                "settings": self.settings, "references": self.references, "runs": runs}
 
     def markdown(self) -> str:
         return render_markdown(self)
@@ -370,14 +372,14 @@ class EvalReport:
                 subtitle=f"share of queries whose relevant document in that language is in the top {PAIR_K}")
         return out
 
-    def write(self, out_dir: str | Path) -> list[Path]:
+    def write(self, out_dir: str | Path, per_query: bool = True) -> list[Path]:
         """Write ``report.md``, ``report.json`` and ``heatmap-*.svg`` into ``out_dir``."""
         from vecplug.fsutil import atomic_write_bytes
 
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         files = {"report.md": self.markdown() + "\n",
-                 "report.json": json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n",
+                 "report.json": json.dumps(self.to_dict(per_query), indent=2, ensure_ascii=False) + "\n",
                  **self.heatmaps()}
         written = []
         for name, text in files.items():
