@@ -131,3 +131,27 @@ def test_help_is_fast_and_light() -> None:
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_search_modes_debias_and_rerank(corpus: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run("index", str(corpus), "--model", str(tiny_model), "--debias", "-q")
+    assert "language-bias correction: on by default" in run("info")
+    q = "the quick brown fox jumps over the lazy dog"
+    # the query, said to be German, is centred by the German mean; the English copy by the English one
+    on = json.loads(run("search", q, "--json", "--lang", "de"))
+    off = json.loads(run("search", q, "--json", "--lang", "de", "--no-debias"))
+    assert off["hits"][0]["id"] == "en.txt#0" and off["hits"][0]["score"] == pytest.approx(1.0, abs=1e-4)
+    assert [h["score"] for h in on["hits"]] != pytest.approx([h["score"] for h in off["hits"]], abs=1e-3)
+    only = json.loads(run("search", q, "--json", "--langs", "es,ru"))
+    assert {h["lang"] for h in only["hits"]} <= {"es", "ru"} and only["hits"]
+    teacher = json.loads(run("search", q, "--json", "--rerank", "teacher", "--rerank-depth", "3", "-k", "2"))
+    assert len(teacher["hits"]) == 2 and teacher["hits"][0]["id"] == "en.txt#0"
+    plain = json.loads(run("search", q, "--json", "--lang", "de", "-k", "4"))
+    assert plain["hits"][0]["id"] == "en.txt#0"
+    monkeypatch.setenv("VECPLUG_SEARCH_PREFER_BOOST", "10")  # the query's language always first
+    prefer = json.loads(run("search", q, "--json", "--mode", "prefer", "--lang", "de", "-k", "4"))
+    assert prefer["mode"] == "prefer" and prefer["hits"][0]["lang"] == "de"
+    assert prefer["hits"][0]["score"] == pytest.approx(
+        10 + next(h["score"] for h in plain["hits"] if h["lang"] == "de"), abs=1e-4)
+    assert "unknown reranker" in run("search", q, "--rerank", "nope", ok=False).lower()
+    assert "int8" in run("search", "--help")
