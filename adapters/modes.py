@@ -59,11 +59,11 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
         hits = store.search(vector, depth, pool)  # type: ignore[attr-defined]
     if mode == "prefer" and query_lang and (pool is None or query_lang in pool):
         seen = {h.record.id for h in hits}
-        same = store.search(means.centre_query(vector, query_lang) if means is not None else vector,  # type: ignore[attr-defined]
-                            depth, [query_lang])
-        extra = [h for h in same if h.record.id not in seen]
+        query = means.centre_query(vector, query_lang) if means is not None else vector
+        extra = [h for h in store.search(query, depth, [query_lang])  # type: ignore[attr-defined]
+                 if h.record.id not in seen]
         if means is not None:
-            extra = rescore(store, means, means.centre_query(vector, query_lang), extra)
+            extra = rescore(store, means, query, extra)
         hits = sorted(hits + extra, key=lambda h: -h.score)
     return hits
 
