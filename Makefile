@@ -27,7 +27,8 @@ demo: models
 	$(BIN)/vecplug index examples/corpus --index $(DEMO_INDEX)
 	$(BIN)/vecplug info --index $(DEMO_INDEX)
 	@echo; echo "== cross-lingual search (xy): each answer exists only in another language =="
-	@while IFS= read -r q; do echo; $(BIN)/vecplug search "$$q" --index $(DEMO_INDEX) -k 3; done < examples/demo_queries.txt
+	@echo "   (student first stage, language-bias correction, teacher reranking of the top 50)"
+	@while IFS= read -r q; do echo; $(BIN)/vecplug search "$$q" --index $(DEMO_INDEX) -k 3 --rerank teacher; done < examples/demo_queries.txt
 	@echo; echo "== same-language search (mono) =="
 	$(BIN)/vecplug search "Wie viele buddhistische Tempel gibt es in Kyoto?" --mode mono --index $(DEMO_INDEX) -k 3
 

@@ -134,7 +134,9 @@ def test_help_is_fast_and_light() -> None:
 
 
 def test_search_modes_debias_and_rerank(corpus: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run("index", str(corpus), "--model", str(tiny_model), "--debias", "-q")
+    run("index", str(corpus), "--model", str(tiny_model), "--no-debias", "--index", "plain", "-q")
+    assert "language-bias correction: off by default" in run("info", "--index", "plain")
+    run("index", str(corpus), "--model", str(tiny_model), "-q")  # on unless asked otherwise
     assert "language-bias correction: on by default" in run("info")
     q = "the quick brown fox jumps over the lazy dog"
     # the query, said to be German, is centred by the German mean; the English copy by the English one

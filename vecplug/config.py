@@ -40,8 +40,9 @@ class IndexSettings:
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 64
     #: language-bias correction on by default for searches of this index (recorded in its
-    #: manifest when the index is created; ``search.debias`` overrides it per search)
-    debias: bool = False
+    #: manifest when the index is created; ``search.debias`` overrides it per search). On:
+    #: it nearly doubles pooled X-Y quality on XQuAD-R and leaves same-language ranking as is
+    debias: bool = True
 
 
 @dataclass(frozen=True)
