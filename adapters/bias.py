@@ -115,13 +115,24 @@ class LanguageMeans:
         return self.centre(np.asarray(vector).reshape(1, -1), [lang])[0]
 
 
-def rescore(store: Any, means: LanguageMeans, query: np.ndarray,
+def exact_scores(store: Any, means: LanguageMeans | None, vector: np.ndarray,
+                 query_lang: str | None, hits: Sequence[StoreHit]) -> np.ndarray:
+    """Exact scores of the candidates' stored vectors for a query vector: plain cosine, or
+    (``means`` given) centred cosine, the query centred by its language's mean."""
+    vecs = store.vectors([h.record.id for h in hits])
+    query = np.asarray(vector, dtype=np.float32)
+    if means is not None:
+        vecs = means.centre(vecs, [h.record.lang for h in hits])
+        query = means.centre_query(query, query_lang)
+    return vecs @ query
+
+
+def rescore(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: str | None,
             hits: Sequence[StoreHit]) -> list[StoreHit]:
-    """Candidates with exact centred scores (``query`` already centred), best first."""
+    """Candidates with exact centred scores, best first."""
     if not hits:
         return []
-    vecs = means.centre(store.vectors([h.record.id for h in hits]), [h.record.lang for h in hits])
-    scores = vecs @ np.asarray(query, dtype=np.float32)
+    scores = exact_scores(store, means, vector, query_lang, hits)
     order = np.argsort(-scores, kind="stable")
     return [StoreHit(hits[i].record, float(scores[i])) for i in order]
 
@@ -133,4 +144,4 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
     pooled: list[StoreHit] = []
     for lang in langs:
         pooled += store.search(query, k * OVERFETCH, [lang])
-    return rescore(store, means, query, pooled)[:k]
+    return rescore(store, means, vector, query_lang, pooled)[:k]

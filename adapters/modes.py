@@ -53,7 +53,8 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
     if mode == "mono":
         return store.search(vector, depth, pool)  # type: ignore[attr-defined]
     if means is not None:
-        every = pool if pool is not None else list(store.languages())  # type: ignore[attr-defined]
+        # the languages the means were kept for are the index's: no store round trip per query
+        every = pool if pool is not None else list(means.by_lang)
         hits = centred_search(store, means, vector, query_lang, depth, every)
     else:
         hits = store.search(vector, depth, pool)  # type: ignore[attr-defined]
@@ -63,7 +64,7 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
         extra = [h for h in store.search(query, depth, [query_lang])  # type: ignore[attr-defined]
                  if h.record.id not in seen]
         if means is not None:
-            extra = rescore(store, means, query, extra)
+            extra = rescore(store, means, vector, query_lang, extra)
         hits = sorted(hits + extra, key=lambda h: -h.score)
     return hits
 

@@ -245,10 +245,11 @@ class Index:
         means = self.language_means() if debias and mode != "mono" else None
         context = None
         if reranker is not None:
+            from vecplug.adapters.bias import exact_scores
             from vecplug.adapters.rerank import Query, RerankContext
 
             context = RerankContext(encoder, self.store,
-                                    lambda qv, cands, ql: self._exact_scores(qv, cands, ql, means))
+                                    lambda qv, cands, ql: exact_scores(self.store, means, qv, ql, cands))
             reranker.warm_up(context)  # models load before the clock starts
         t0 = time.perf_counter()
         given = list(langs) if langs is not None else [None] * len(queries)
@@ -288,23 +289,14 @@ class Index:
                   debias: bool | None = None) -> Any:
         """Exact first-stage scores of documents ``ids`` for a query vector (as :meth:`search`
         scores them, with the language-bias correction when it is on)."""
+        from vecplug.adapters.bias import exact_scores
         from vecplug.adapters.stores import StoreHit
 
         means = self.language_means() if self._debias(debias) else None
         hits = [StoreHit(r, 0.0) for r in self.store.get(list(ids))]
         if len(hits) != len(ids):
             raise VecplugError("score_ids: some ids are not in the index")
-        return self._exact_scores(vector, hits, query_lang, means)
-
-    def _exact_scores(self, vector: Any, hits: Sequence[Any], query_lang: str | None, means: Any) -> Any:
-        import numpy as np
-
-        vecs = self.store.vectors([h.record.id for h in hits])
-        query = np.asarray(vector, dtype=np.float32)
-        if means is not None:
-            vecs = means.centre(vecs, [h.record.lang for h in hits])
-            query = means.centre_query(query, query_lang)
-        return vecs @ query
+        return exact_scores(self.store, means, vector, query_lang, hits)
 
     def _debias(self, debias: bool | None) -> bool:
         if debias is not None:

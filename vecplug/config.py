@@ -146,20 +146,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if tp is int:
+    if tp in (int, float):
+        what = "an integer" if tp is int else "a number"
         if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+            raise ConfigError(f"{where}: expected {what}, got {value!r}")
         try:
-            return int(value)
+            return tp(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+            raise ConfigError(f"{where}: expected {what}, got {value!r}") from None
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
