@@ -1,17 +1,80 @@
-"""Reading a folder of documents: .txt/.md files (split into passages), .jsonl/.csv records.
+r"""Reading a folder of documents: .txt/.md files (split into passages), .jsonl/.csv records.
 
 Every problem (undecodable file, malformed line, empty or binary file...) becomes a
-:class:`~vecplug.types.Problem` naming the path and line, and the rest is read on.
+:class:`~vecplug.types.Problem` naming the path (relative to the folder) and the line when
+there is one, and the rest is read on. Nothing here writes anywhere, and memory stays bounded:
+no file larger than ``max_file_bytes`` is read into memory, long texts are tokenized in
+blocks, and at most ``max_problems_per_file`` problems are listed for one file.
+
+Hostile input: each case has one outcome ("reported" = skipped, with a Problem).
+
+=============================================  ==============================================
+case                                           outcome
+=============================================  ==============================================
+hidden file or folder (name starts with .)     ignored, not reported (indexes, VCS data)
+other suffix than .txt .md .jsonl .csv         ignored, not reported
+symlinked folder (also a loop ``a/l -> ..``)   not followed, reported; a target inside the
+                                               folder is read at its own place
+symlink to a file inside the folder            read, under the link's name
+symlink out of the folder, broken, or a loop   reported
+FIFO, socket, device with a document suffix    reported, never opened for blocking reads
+name not UTF-8, or with control characters     reported (name shown escaped), folder or file
+  or bidi overrides                            skipped
+folder that cannot be listed, unreadable file  reported
+very deep folder tree                          read (the walk does not recurse)
+file over ``max_file_bytes``                   reported; at most ``max_file_bytes + 1`` bytes
+                                               are ever read, also from a file that grows
+empty, whitespace-only or BOM-only file        reported
+UTF-8 BOM; UTF-16/32 LE/BE with BOM            decoded (BOM removed)
+UTF-16/32 with BOM but undecodable             reported with the line
+NUL in the first 8192 characters (binary,      reported ("binary file")
+  UTF-16 without BOM)
+invalid UTF-8 / a later NUL in .txt .md        file reported with the line of the first one
+invalid UTF-8 / a NUL in .jsonl .csv           that line (record) reported, the rest read
+CRLF, lone CR                                  decoded as a line break (lines are counted so)
+U+2028, U+0085, form feed...                   kept as characters, not line breaks
+huge single-line text (under the limit)        chunked; tokenized in blocks of ~64K chars
+Markdown heading over 200 characters           not used as title (still indexed as text)
+JSONL/CSV: one enormous line under the limit   read as one record (records are not chunked),
+                                               or reported like any other line
+JSONL: malformed line, not an object           line reported
+JSONL: NaN, Infinity, 1e999 (overflows)        line reported
+JSONL: integer over 4300 digits                line reported (Python's int limit)
+JSONL: nested over ~1000 levels                line reported
+JSONL: duplicate key in any object             line reported, naming the key ("last wins"
+                                               would silently lose data)
+JSONL: ``\u0000`` or lone surrogate escape     line reported (cannot be stored as UTF-8)
+CSV: duplicate column name in the header       file reported at the header line
+CSV: field over ``csv_field_limit``            record reported with its first line; read on
+                                               at the next line
+CSV: bad quoting (``"a"b``)                    record reported; read on at the next line
+CSV: unclosed quote                            reported at its line: the rest of the file is
+                                               that one field
+CSV: more cells than the header                row reported (fewer cells: missing fields)
+record without any embedded field              reported
+record id ``../x``, ``/etc/passwd``, ``C:\x``   kept as given: an id is a label inside the
+                                               index (``path#id``), never a path
+record id: control character, NUL, bidi        record reported
+  override, over 512 characters, or not a
+  string/integer (float, bool, list, object)
+record id empty or missing                     ``L<line>``
+same id twice                                  the pipeline keeps the first, reports the next
+more than ``max_problems_per_file`` problems   the first are listed, then one count
+=============================================  ==============================================
 """
 from __future__ import annotations
 
 import codecs
 import csv
 import json
+import math
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +86,33 @@ SUFFIXES = TEXT_SUFFIXES + RECORD_SUFFIXES
 #: record fields with a meaning; other fields are kept as payload
 KNOWN_FIELDS = ("id", "text", "title", "description", "url", "lang")
 DEFAULT_EMBED_FIELDS = ("title", "description", "text")
+#: a NUL among the first characters means binary data (as git and grep decide)
+BINARY_SNIFF_CHARS = 8192
+#: texts are tokenized in blocks of about this many characters: a tokenizer's output for a
+#: whole big file (tens of bytes per token) would dwarf the file itself
+BLOCK_CHARS = 1 << 16
+MAX_ID_CHARS = 512
+MAX_TITLE_CHARS = 200
 
 # (start, end) character offsets of each token of a text
 Offsets = Callable[[str], Sequence[tuple[int, int]]]
+
+# O_NOFOLLOW: a file swapped for a symlink after the walk is not read through it;
+# O_NONBLOCK: a FIFO that slipped through is not waited on (no effect on regular files)
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_BINARY", 0))
+# characters a label (file name, record id) must not hold: C0/C1 controls (NUL, newlines,
+# escapes that forge report lines or terminal output), line/paragraph separators, bidi
+# embeddings/overrides/isolates (they make a name read as another), and lone surrogates
+# (invalid UTF-8 in a name: not storable). A fixed list, so the rule does not change with
+# the Unicode version of the Python running it.
+_UNSAFE_LABEL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+# what makes text unusable: NUL, and lone surrogates (undecodable bytes, or \ud800 escapes)
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+_NON_SPACE = re.compile(r"\S")
+# linear: [ \t]+ can only give back blanks, which \S refuses (the former ``(.+?)\s*#*\s*$``
+# took minutes on a heading line with a few thousand spaces)
+_HEADING = re.compile(r"^#[ \t]+(\S[^\n]*)", re.M)
 
 
 @dataclass
@@ -35,12 +122,25 @@ class CorpusOptions:
     embed_fields: tuple[str, ...] = DEFAULT_EMBED_FIELDS
     max_file_bytes: int = 64 * 1024 * 1024
     csv_field_limit: int = 16 * 1024 * 1024
+    max_problems_per_file: int = 100
+
+
+class NotRegularFile(OSError):
+    """A FIFO, socket or device where a document was expected."""
+
+
+class FileTooBig(Exception):
+    def __init__(self, size: int, grew: bool = False) -> None:
+        super().__init__(size)
+        self.size, self.grew = size, grew
 
 
 @dataclass
 class CorpusReader:
-    """Walks ``root`` (never following symlinks out of it) and yields documents.
+    """Walks ``root`` and yields documents; see the module docstring for every hostile case.
 
+    Symlinked files are read when they lead to a regular file inside ``root``; symlinked
+    folders are never followed (no loops, no way out, no documents twice).
     ``offsets`` tokenizes text into character spans; it decides passage boundaries so
     that a passage holds ``chunk_tokens`` tokens of the document encoder.
     """
@@ -50,115 +150,228 @@ class CorpusReader:
     options: CorpusOptions = field(default_factory=CorpusOptions)
     problems: list[Problem] = field(default_factory=list)
     files: int = 0
+    #: files (relative paths) that could not be read this time: an index keeps their last
+    #: good documents rather than losing them to a passing fault
+    unread: set[str] = field(default_factory=set)
+    _file_problems: int = field(default=0, init=False, repr=False)
+
+    # -- walking -----------------------------------------------------------
 
     def files_to_read(self) -> Iterator[Path]:
-        root = self.root.resolve()
+        for path, _ in self._walk():
+            yield path
+
+    def _walk(self) -> Iterator[tuple[Path, Path]]:
+        """(path as named in the folder, file to open), in sorted depth-first order.
+
+        An explicit stack, not os.walk: os.walk recurses, and a folder tree ~1000 deep
+        raised RecursionError.
+        """
+        root = Path(os.path.realpath(self.root))
         if root.is_file():
-            yield root
+            if self._safe_name(root):
+                yield root, root
             return
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            # hidden folders hold indexes (.vecplug), VCS data, caches: not documents
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                path = Path(dirpath) / name
-                if name.startswith(".") or path.suffix.lower() not in SUFFIXES:
-                    continue
-                if path.is_symlink():
-                    real = path.resolve()
-                    if not real.is_relative_to(root) or not real.is_file():
-                        self.problems.append(Problem(self.rel(path), "symlink out of the folder (or broken)"))
-                        continue
-                yield path
+        stack = [root]
+        while stack:
+            folder = stack.pop()
+            try:
+                with os.scandir(folder) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                self._skip(folder, f"cannot list folder: {exc.strerror or exc}")
+                continue
+            subfolders = []
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue  # hidden folders hold indexes (.vecplug), VCS data, caches
+                path = Path(entry.path)
+                kind = _kind(entry)
+                if kind == "folder":
+                    if self._safe_name(path):
+                        subfolders.append(path)
+                elif kind == "folder link":
+                    self._skip(path, "symlinked folder: not followed")
+                elif path.suffix.lower() in SUFFIXES and self._safe_name(path):
+                    target = self._target(path, root, kind)
+                    if target is not None:
+                        yield path, target
+            stack.extend(reversed(subfolders))
+
+    def _target(self, path: Path, root: Path, kind: str) -> Path | None:
+        """The regular file to open for ``path``, or None (reported)."""
+        if kind == "file":
+            return path
+        if kind != "link":
+            self._skip(path, "not a regular file (FIFO, socket or device)")
+            return None
+        # realpath, not Path.resolve: resolve raises RuntimeError on a loop (Python < 3.13)
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(root) or not real.is_file():
+            self._skip(path, "symlink out of the folder, broken, in a loop or not to a file")
+            return None
+        return real
+
+    def _safe_name(self, path: Path) -> bool:
+        if _UNSAFE_LABEL.search(path.name):
+            self._skip(path, "name is not valid UTF-8 or holds control characters")
+            return False
+        return True
+
+    def _skip(self, path: Path, reason: str) -> None:
+        self.unread.add(self.rel(path))
+        self.problems.append(Problem(shown(self.rel(path)), reason))
 
     def rel(self, path: Path) -> str:
+        root = Path(os.path.realpath(self.root))
+        base = root if root.is_dir() else root.parent
         try:
-            return path.relative_to(self.root.resolve() if self.root.is_dir() else self.root.resolve().parent).as_posix()
+            return path.relative_to(base).as_posix()
         except ValueError:
             return path.as_posix()
 
+    # -- reading -----------------------------------------------------------
+
     def documents(self) -> Iterator[Document]:
-        for path in self.files_to_read():
+        for path, target in self._walk():
             self.files += 1
-            suffix = path.suffix.lower()
-            text = self._read_text(path)
-            if text is None:
-                continue
-            if suffix in TEXT_SUFFIXES:
-                yield from self._passages(path, text)
-            elif suffix == ".jsonl":
-                yield from self._jsonl(path, text)
-            else:
-                yield from self._csv(path, text)
+            self._file_problems = 0
+            rel = self.rel(path)
+            text = self._read_text(target, rel)
+            if text is not None:
+                suffix = path.suffix.lower()
+                if suffix in TEXT_SUFFIXES:
+                    yield from self._passages(path, rel, text)
+                elif suffix == ".jsonl":
+                    yield from self._jsonl(rel, text)
+                else:
+                    yield from self._csv(rel, text)
+            hidden = self._file_problems - self.options.max_problems_per_file
+            if hidden > 0:
+                self.problems.append(Problem(rel, f"{hidden} more problems in this file not listed"))
 
-    # -- files -------------------------------------------------------------
+    def _report(self, rel: str, reason: str, line: int | None = None) -> None:
+        # past the cap problems are only counted: a file of a million bad lines must not
+        # turn into a million Problem objects
+        self._file_problems += 1
+        if self._file_problems <= self.options.max_problems_per_file:
+            self.problems.append(Problem(rel, reason, line))
 
-    def _read_text(self, path: Path) -> str | None:
-        rel = self.rel(path)
-        try:
-            size = path.stat().st_size
-            if size > self.options.max_file_bytes:
-                self.problems.append(Problem(rel, f"file of {size} bytes exceeds the limit of "
-                                                  f"{self.options.max_file_bytes}"))
-                return None
-            raw = path.read_bytes()
-        except OSError as exc:
-            self.problems.append(Problem(rel, f"cannot read: {exc.strerror or exc}"))
-            return None
-        text = decode(raw)
-        if isinstance(text, Problem):
-            self.problems.append(Problem(rel, text.reason, text.line))
-            return None
-        if not text.strip():
-            self.problems.append(Problem(rel, "empty file"))
+    def _read_text(self, target: Path, rel: str) -> str | None:
+        text = self._read_or_report(target, rel)
+        if text is None:
+            self.unread.add(rel)
+        elif not _NON_SPACE.search(text):  # read fine, and holds no documents
+            self._report(rel, "empty file")
             return None
         return text
 
-    def _passages(self, path: Path, text: str) -> Iterator[Document]:
-        rel = self.rel(path)
-        title = None
-        if path.suffix.lower() == ".md":
-            m = re.search(r"^#\s+(.+?)\s*#*\s*$", text, flags=re.M)
-            title = m.group(1) if m else None
+    def _read_or_report(self, target: Path, rel: str) -> str | None:
+        limit = self.options.max_file_bytes
+        try:
+            raw = read_file(target, limit)
+        except FileTooBig as exc:
+            what = (f"file grew past {limit} bytes while read" if exc.grew
+                    else f"file of {exc.size} bytes exceeds the limit of {limit}")
+            self._report(rel, what)
+            return None
+        except NotRegularFile:
+            self._report(rel, "not a regular file (FIFO, socket or device)")
+            return None
+        except OSError as exc:
+            self._report(rel, f"cannot read: {exc.strerror or exc}")
+            return None
+        text = decode(raw)
+        del raw  # the text is up to 4x the bytes: do not hold both longer than needed
+        if isinstance(text, Problem):
+            self._report(rel, text.reason, text.line)
+            return None
+        if "\x00" in text[:BINARY_SNIFF_CHARS]:
+            self._report(rel, "binary file (NUL bytes)")
+            return None
+        return text
+
+    def _passages(self, path: Path, rel: str, text: str) -> Iterator[Document]:
+        bad = _BAD_TEXT.search(text)
+        if bad:
+            # a text file is one piece: passages around a hole would misquote it
+            line = text.count("\n", 0, bad.start()) + 1
+            self.unread.add(rel)
+            self._report(rel, f"{_bad_text_reason(bad.group())}: file skipped", line)
+            return
+        title = markdown_title(text) if path.suffix.lower() == ".md" else None
         for pos, passage in enumerate(chunk(text, self.offsets, self.options.chunk_tokens,
                                             self.options.chunk_overlap)):
             payload: dict[str, Any] = {"title": title} if title else {}
             embed = f"{title}\n{passage}" if title and not passage.lstrip("# ").startswith(title) else passage
             yield Document(f"{rel}#{pos}", embed, rel, pos, None, payload)
 
-    def _jsonl(self, path: Path, text: str) -> Iterator[Document]:
-        rel = self.rel(path)
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
+    def _jsonl(self, rel: str, text: str) -> Iterator[Document]:
+        for lineno, line in enumerate(lines(text), 1):
+            if not _NON_SPACE.search(line):
+                continue
+            bad = _BAD_TEXT.search(line)
+            if bad:
+                self._report(rel, _bad_text_reason(bad.group()), lineno)
                 continue
             try:
-                obj = json.loads(line, parse_constant=_reject_constant)
+                obj = parse_json(line)
             except ValueError as exc:
-                self.problems.append(Problem(rel, f"malformed JSON: {exc}", lineno))
+                self._report(rel, f"malformed JSON: {_short(str(exc), 200)}", lineno)
+                continue
+            except RecursionError:
+                self._report(rel, "malformed JSON: nested too deeply", lineno)
                 continue
             if not isinstance(obj, dict):
-                self.problems.append(Problem(rel, "a JSONL line must be an object", lineno))
+                self._report(rel, "a JSONL line must be an object", lineno)
+                continue
+            bad_value = _bad_value(obj)
+            if bad_value:
+                self._report(rel, bad_value, lineno)
                 continue
             doc = self._record(rel, lineno, obj)
             if doc is not None:
                 yield doc
 
-    def _csv(self, path: Path, text: str) -> Iterator[Document]:
-        rel = self.rel(path)
-        csv.field_size_limit(self.options.csv_field_limit)
-        reader = csv.DictReader(text.splitlines(keepends=True))
+    def _csv(self, rel: str, text: str) -> Iterator[Document]:
+        # strict: bad quoting and an unclosed quote are errors (reported), not guesses
+        reader = csv.reader(lines(text, keepends=True), strict=True)
+        header: list[str] | None = None
         while True:
-            line = reader.line_num + 1
+            line = reader.line_num + 1  # where the next record starts
             try:
-                row = next(reader)
+                with _csv_field_limit(self.options.csv_field_limit):
+                    row = next(reader)
             except StopIteration:
                 break
             except csv.Error as exc:
-                self.problems.append(Problem(rel, f"malformed CSV: {exc}", line))
+                if header is None:
+                    self._report(rel, f"malformed CSV header: {exc}: file skipped", line)
+                    return
+                self._report(rel, f"malformed CSV: {exc}", line)
+                continue  # the csv reader goes on at the next line
+            if not row:
+                continue  # blank line
+            bad = next((m for m in map(_BAD_TEXT.search, row) if m), None)
+            if bad:
+                if header is None:
+                    self._report(rel, f"{_bad_text_reason(bad.group())} in the header: file skipped", line)
+                    return
+                self._report(rel, _bad_text_reason(bad.group()), line)
                 continue
-            if None in row:  # more cells than header columns
-                self.problems.append(Problem(rel, "row has more cells than the header", line))
+            if header is None:
+                twice = _first_duplicate(row)
+                if twice is not None:
+                    # a dict keeps the last one: the other column would be lost silently
+                    self._report(rel, f"column {_short(twice)!r} appears twice in the header: "
+                                      "file skipped", line)
+                    return
+                header = row
                 continue
-            doc = self._record(rel, line, {k: v for k, v in row.items() if v not in (None, "")})
+            if len(row) > len(header):
+                self._report(rel, "row has more cells than the header", line)
+                continue
+            doc = self._record(rel, line, {k: v for k, v in zip(header, row) if v != ""})
             if doc is not None:
                 yield doc
 
@@ -168,62 +381,281 @@ class CorpusReader:
                  if f in fields and str(fields[f]).strip()]
         if not parts:
             wanted = ", ".join(self.options.embed_fields)
-            self.problems.append(Problem(rel, f"record has none of the fields {wanted}", line))
+            self._report(rel, f"record has none of the fields {wanted}", line)
             return None
-        rid = str(fields.get("id", "")).strip() or f"L{line}"
+        try:
+            rid = record_id(fields.get("id"), line)
+        except ValueError as exc:
+            self._report(rel, str(exc), line)
+            return None
         lang = str(fields["lang"]).strip().lower() or None if "lang" in fields else None
         payload = {k: v for k, v in fields.items() if k not in ("text", "lang")}
         return Document(f"{rel}#{rid}", "\n".join(parts), rel, line, lang, payload)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+def _kind(entry: os.DirEntry[str]) -> str:
+    """folder, folder link, file, link (to a file, or broken, or looping) or other."""
+    try:
+        if entry.is_symlink():
+            try:
+                return "folder link" if entry.is_dir() else "link"
+            except OSError:  # a loop: ELOOP (is_dir only swallows "not found")
+                return "link"
+        if entry.is_dir(follow_symlinks=False):
+            return "folder"
+        return "file" if entry.is_file(follow_symlinks=False) else "other"
+    except OSError:
+        return "other"
 
 
-def decode(raw: bytes) -> str | Problem:
-    """Bytes -> text: UTF-8 (BOM or not), UTF-16 with a BOM; binary data is refused."""
+def record_id(value: Any, line: int) -> str:
+    """The id of a record: kept as given when it is a safe label, ``L<line>`` when missing.
+
+    The id only labels a document in the index (``path#id``); nothing uses it as a path, so
+    ``../x`` or ``/etc/passwd`` are fine. What could mislead a reader of results or reports
+    (control characters, bidi overrides), is not text, or is huge raises ValueError.
+    """
+    if value is None:
+        return f"L{line}"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"id must be a string or an integer, not {type(value).__name__}")
+    rid = str(value).strip()
+    if not rid:
+        return f"L{line}"
+    if len(rid) > MAX_ID_CHARS:
+        raise ValueError(f"id longer than {MAX_ID_CHARS} characters")
+    bad = _UNSAFE_LABEL.search(rid)
+    if bad:
+        raise ValueError(f"id holds the control character U+{ord(bad.group()):04X}")
+    return rid
+
+
+# -- files and bytes -------------------------------------------------------
+
+
+def read_file(path: Path, limit: int) -> bytes | bytearray:
+    """The bytes of a regular file of at most ``limit`` bytes, else FileTooBig.
+
+    The size is checked before reading, and reading stops one byte past the limit, so a
+    file that grows (or lies about its size) never costs more than ``limit + 1`` bytes.
+    """
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise FileTooBig(info.st_size)
+        raw = read_at_most(fd, limit)
+    finally:
+        os.close(fd)
+    if len(raw) > limit:
+        raise FileTooBig(len(raw), grew=True)
+    return raw
+
+
+def read_at_most(fd: int, limit: int) -> bytearray:
+    """Up to ``limit + 1`` bytes from ``fd``: one more than allowed tells "too big"."""
+    buf = bytearray()
+    while len(buf) <= limit:
+        part = os.read(fd, min(1 << 20, limit + 1 - len(buf)))
+        if not part:
+            break
+        buf += part
+    return buf
+
+
+_BOMS = (  # UTF-32 first: its little-endian BOM starts with UTF-16's
+    (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+
+def decode(raw: bytes | bytearray) -> str | Problem:
+    """Bytes -> text with ``\\n`` line breaks: UTF-8 (BOM or not), UTF-16/32 with a BOM.
+
+    Invalid UTF-8 bytes become lone surrogates (``surrogateescape``) rather than an error,
+    so that a JSONL or CSV file loses only the lines that hold them; callers report them.
+    A UTF-16/32 file that does not decode is a Problem (with its line).
+    """
+    for bom, encoding in _BOMS:
+        if raw.startswith(bom):
+            try:
+                return _normalise_newlines(raw.decode(encoding))
+            except UnicodeDecodeError as exc:
+                good = raw[:exc.start].decode(encoding, errors="replace")
+                return Problem("", f"not valid {encoding.upper()} at byte {exc.start}",
+                               _normalise_newlines(good).count("\n") + 1)
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]
-    elif raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        try:
-            return _normalise_newlines(raw.decode("utf-16"))
-        except UnicodeDecodeError as exc:
-            return Problem("", f"not valid UTF-16 at byte {exc.start}")
-    if b"\x00" in raw[:8192]:
-        return Problem("", "binary file (NUL bytes)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        return Problem("", f"not valid UTF-8 at byte {exc.start}", line)
-    return _normalise_newlines(text.replace("\x00", ""))
+    return _normalise_newlines(raw.decode("utf-8", errors="surrogateescape"))
 
 
 def _normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def chunk(text: str, offsets: Offsets, size: int, overlap: int) -> list[str]:
+def lines(text: str, keepends: bool = False) -> Iterator[str]:
+    """The lines of normalised text, split at ``\\n`` only, one at a time.
+
+    Not str.splitlines: it also splits at U+2028, U+0085, form feeds..., which JSON strings
+    and CSV fields may hold, and line numbers would no longer be a file's lines.
+    """
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            yield text[start:]
+            return
+        yield text[start:end + 1 if keepends else end]
+        start = end + 1
+
+
+def _bad_text_reason(char: str) -> str:
+    return "NUL character" if char == "\x00" else "not valid UTF-8"
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print: undecodable bytes as ``\\xff``, controls as escapes."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _UNSAFE_LABEL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _short(text: str, n: int = 80) -> str:
+    text = shown(text)
+    return text if len(text) <= n else text[:n] + "…"
+
+
+# -- JSON and CSV ----------------------------------------------------------
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def parse_json(line: str) -> Any:
+    """One JSON value, refusing what loses or invents data: duplicate keys (Python keeps the
+    last), NaN/Infinity (not JSON) and numbers that overflow to infinity (``1e999``)."""
+    return json.loads(line, object_pairs_hook=_unique_keys, parse_constant=_reject_constant,
+                      parse_float=_finite_float)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey(f"duplicate key {_short(_first_duplicate([k for k, _ in pairs]) or '')!r}")
+    return obj
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {_short(text, 40)} is out of range")
+    return value
+
+
+def _first_duplicate(items: Sequence[str]) -> str | None:
+    seen: set[str] = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    return None
+
+
+def _bad_value(obj: Any) -> str | None:
+    """Why a parsed record cannot be stored (a ``\\u0000`` or a lone surrogate escape in a
+    key or value), or None. Iterative: values nest as deep as the JSON parser allows."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            bad = _BAD_TEXT.search(item)
+            if bad:
+                return ("a string holds \\u0000" if bad.group() == "\x00"
+                        else "a string holds a lone surrogate escape (not storable as UTF-8)")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+@contextmanager
+def _csv_field_limit(limit: int) -> Iterator[None]:
+    # the limit is process-wide: set it only while our reader parses, so other csv users
+    # (and other readers with other options) see theirs
+    old = csv.field_size_limit(limit)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
+
+
+# -- text ------------------------------------------------------------------
+
+
+def markdown_title(text: str) -> str | None:
+    """The first ``# heading`` of a Markdown text, without a closing ``#`` sequence.
+
+    A heading over MAX_TITLE_CHARS is not a title: it is prepended to every passage, and a
+    huge one-line "heading" would multiply the memory of a file.
+    """
+    m = _HEADING.search(text)
+    if not m or m.end(1) - m.start(1) > MAX_TITLE_CHARS + 64:
+        return None
+    title = m.group(1).rstrip()
+    bare = title.rstrip("#")
+    if bare != title and bare[-1:] in (" ", "\t"):  # "# Title ##"; but "# C#" stays
+        title = bare.rstrip()
+    return title if 0 < len(title) <= MAX_TITLE_CHARS else None
+
+
+def token_spans(text: str, offsets: Offsets, block: int | None = None) -> Iterator[tuple[int, int]]:
+    """``offsets(text)``, asked block by block (cut at a blank in a block's second half,
+    else hard) so that a huge one-line file never holds a whole tokenization in memory."""
+    block = block or BLOCK_CHARS
+    start = 0
+    while start < len(text):
+        end = min(start + block, len(text))
+        if end < len(text):
+            cut = max(text.rfind(c, start + block // 2, end) for c in "\n \t\u3000")
+            end = cut + 1 if cut > start else end
+        for a, b in offsets(text[start:end]):
+            yield a + start, b + start
+        start = end
+
+
+def chunk(text: str, offsets: Offsets, size: int, overlap: int,
+          block: int | None = None) -> list[str]:
     """Split ``text`` into passages of at most ``size`` tokens overlapping by ``overlap``.
 
     Windows end at a paragraph or sentence end inside their last quarter when there is
-    one, so passages rarely stop mid-sentence.
+    one, so passages rarely stop mid-sentence. Only ``size + 1`` token spans are held at a
+    time (plus one tokenizer block).
     """
-    spans = list(offsets(text))
-    if not spans:
+    spans = token_spans(text, offsets, block)
+    # window[0] starts the next passage; one token past ``size`` tells whether more follow
+    window = list(islice(spans, size + 1))
+    if not window:
         return [text.strip()] if text.strip() else []
-    if len(spans) <= size:
+    if len(window) <= size:
         return [text.strip()]
     overlap = max(0, min(overlap, size // 2))
-    passages, start = [], 0
-    while start < len(spans):
-        end = min(start + size, len(spans))
-        if end < len(spans):
-            end = _sentence_end(text, spans, start + (3 * size) // 4, end)
-        passages.append(text[spans[start][0]:spans[end - 1][1]].strip())
-        if end >= len(spans):
+    passages = []
+    while True:
+        more = len(window) > size
+        end = _sentence_end(text, window, (3 * size) // 4, size) if more else len(window)
+        passages.append(text[window[0][0]:window[end - 1][1]].strip())
+        if not more:
             break
-        start = max(end - overlap, start + 1)
+        window = window[max(end - overlap, 1):]
+        window.extend(islice(spans, size + 1 - len(window)))
     return [p for p in passages if p]
 
 

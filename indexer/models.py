@@ -238,9 +238,10 @@ def _download(spec: str) -> Path:
     except ImportError as exc:  # pragma: no cover - comes with transformers
         raise MissingDependencyError("huggingface_hub", purpose="hub models") from exc
     try:
+        # weights as safetensors only; tokenizers are JSON, text or sentencepiece (*.model):
+        # no pattern may admit a pickle (*.bin, *.pkl) or Python code (*.py)
         return Path(snapshot_download(repo, revision=revision or None,
-                                      allow_patterns=["*.json", "*.safetensors", "*.txt",
-                                                      "*.model", "tokenizer*"]))
+                                      allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
     except Exception as exc:  # network, auth, missing repo: all end the same way for the user
         raise ModelError(
             f"could not get model '{spec}' from the Hugging Face hub ({type(exc).__name__}: "

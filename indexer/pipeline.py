@@ -1,14 +1,17 @@
 """The indexing pipeline: documents -> language -> vectors -> store, in batches.
 
 A batch is committed every ``commit_every`` documents, so an interrupted run keeps what
-it finished; re-running skips documents whose text is already in the index unchanged.
+it finished; re-running skips documents whose text is already in the index unchanged, and
+with ``prune`` removes the documents the source no longer has. A run that changes nothing
+writes nothing.
 """
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,9 +27,13 @@ class DocumentEncoder(Protocol):
 class Sink(Protocol):
     """The part of a vector store the pipeline needs."""
 
+    @property
+    def manifest(self) -> dict[str, Any]: ...
     def get(self, ids: Sequence[str]) -> list[Any]: ...
+    def ids(self) -> Iterator[str]: ...
     def vectors(self, ids: Sequence[str]) -> np.ndarray: ...
     def upsert(self, records: Sequence[Any], vectors: np.ndarray) -> None: ...
+    def delete(self, ids: Sequence[str]) -> None: ...
     def commit(self, manifest: dict[str, Any] | None = None) -> None: ...
 
 
@@ -37,6 +44,7 @@ class IndexReport:
     files: int = 0
     documents: int = 0
     unchanged: int = 0
+    removed: int = 0
     tokens: int = 0
     seconds: float = 0.0
     encode_seconds: float = 0.0
@@ -65,10 +73,14 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         make_record: Callable[[Document], Any], detect: Callable[[str], str] | None,
         lang: str | None = None, batch_size: int = 256, commit_every: int = 4096,
         manifest: dict[str, Any] | None = None, progress: bool = True,
-        count_tokens: Callable[[], int] | None = None, stats: Any = None) -> IndexReport:
+        count_tokens: Callable[[], int] | None = None, stats: Any = None,
+        prune: bool = False, keep_sources: Callable[[], Collection[str]] | None = None) -> IndexReport:
     """Index ``documents`` into ``store``; returns what was done and what was skipped.
 
-    ``stats`` (a :class:`vecplug.adapters.bias.LanguageStats` or anything with
+    With ``prune`` the store ends up holding exactly ``documents``: every other record is
+    removed (in the final commit, so an interrupted run removes nothing), except records
+    whose source is in ``keep_sources()`` (files that could not be read this time: their
+    last good version stays). ``stats`` (a :class:`vecplug.adapters.bias.LanguageStats` or anything with
     ``add(langs, vectors, sign)`` and ``to_manifest()``) is kept in step with what is written:
     replaced documents' old vectors are subtracted and new ones added, and every commit
     stores it in the manifest with the records it describes.
@@ -79,14 +91,17 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
     since_commit = 0
+    seen: set[str] = set()
     bar = tqdm(desc="indexing", unit="doc", disable=not progress)
-    for batch in batched(documents, batch_size):
+    for batch in batched(_first_of_each_id(documents, report.problems), batch_size):
         # language: the flag, else the record's own, else detected
         batch = [d if (d.lang and not lang) else _with_lang(d, lang or (detect(d.text) if detect else None))
                  for d in batch]
         existing = {r.id: r for r in store.get([d.id for d in batch])}
         todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
         report.unchanged += len(batch) - len(todo)
+        todo_ids = {d.id for d in todo}
+        seen.update(d.id for d in batch if d.id not in todo_ids)
         if todo:
             t0 = time.perf_counter()
             vectors = encoder.encode_documents([d.text for d in todo], progress=False)
@@ -102,24 +117,50 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
                     stats.add([r.lang for r in replaced], store.vectors([r.id for r in replaced]), -1)
                 stats.add([d.lang for d in keep], vectors[ok])
             store.upsert([make_record(d) for d in keep], vectors[ok])
+            seen.update(d.id for d in keep)
             report.documents += len(keep)
             report.languages.update(d.lang or "und" for d in keep)
             since_commit += len(keep)
             if since_commit >= commit_every:
-                store.commit(_with_stats(manifest, stats))
+                store.commit(_stamped(manifest, stats))
                 since_commit = 0
         bar.update(len(batch))
     bar.close()
-    store.commit(_with_stats(manifest, stats))
+    if prune:
+        report.removed = _prune(store, seen, set(keep_sources() if keep_sources else ()), stats)
+    wanted = manifest or {}
+    if since_commit or report.removed or any(store.manifest.get(k) != v for k, v in wanted.items()):
+        store.commit(_stamped(manifest, stats))
     report.seconds = time.perf_counter() - start
     report.tokens = (count_tokens() - tokens_before) if count_tokens else 0
     return report
 
 
-def _with_stats(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any] | None:
-    if stats is None:
-        return manifest
-    return {**(manifest or {}), **stats.to_manifest()}
+def _first_of_each_id(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:
+    """Two documents with one id would replace each other on every run: keep the first."""
+    first: dict[str, tuple[str, int]] = {}
+    for doc in documents:
+        if doc.id in first:
+            source, position = first[doc.id]
+            problems.append(Problem(doc.source, f"duplicate id {doc.id!r} (first at {source}:{position}): "
+                                                "skipped", doc.position))
+            continue
+        first[doc.id] = (doc.source, doc.position)
+        yield doc
+
+
+def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any) -> int:
+    stale = [rid for rid in store.ids() if rid not in seen]
+    gone = [r for r in store.get(stale) if r.source not in keep_sources]
+    if gone and stats is not None:
+        stats.add([r.lang for r in gone], store.vectors([r.id for r in gone]), -1)
+    store.delete([r.id for r in gone])
+    return len(gone)
+
+
+def _stamped(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any]:
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return {**(manifest or {}), "updated": now, **(stats.to_manifest() if stats is not None else {})}
 
 
 def _with_lang(doc: Document, lang: str | None) -> Document:

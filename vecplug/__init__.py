@@ -11,10 +11,12 @@ from vecplug._version import __version__
 from vecplug.errors import (
     ConfigError,
     CorruptIndexError,
+    IndexLockedError,
     IndexNotFoundError,
     MissingDependencyError,
     ModelError,
     ModelMismatchError,
+    StorageError,
     UnknownBackendError,
     VecplugError,
 )
@@ -34,8 +36,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "__version__", "ConfigError", "CorruptIndexError", "IndexNotFoundError",
-    "MissingDependencyError", "ModelError", "ModelMismatchError", "UnknownBackendError",
+    "__version__", "ConfigError", "CorruptIndexError", "IndexLockedError", "IndexNotFoundError",
+    "MissingDependencyError", "ModelError", "ModelMismatchError", "StorageError", "UnknownBackendError",
     "VecplugError", "Document", "Hit", "Problem", *_LAZY,
 ]
 

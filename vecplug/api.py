@@ -155,6 +155,11 @@ class Index:
     def add_documents(self, documents: Iterable[Document], *, lang: str | None = None,
                       progress: bool = False) -> IndexReport:
         """Encode and store documents (replacing those with the same id); commits at the end."""
+        return self._add(documents, lang=lang, progress=progress)
+
+    def _add(self, documents: Iterable[Document], *, lang: str | None, progress: bool,
+             manifest: dict[str, Any] | None = None, prune: bool = False,
+             keep_sources: Any = None) -> IndexReport:
         from vecplug.adapters.stores import Record
         from vecplug.indexer import pipeline
 
@@ -164,16 +169,23 @@ class Index:
         try:
             return pipeline.run(
                 documents, encoder, self.store, Record.from_document, self.detector.detect,
-                lang=lang or self.settings.corpus.lang, manifest=self._manifest_update(),
+                lang=lang or self.settings.corpus.lang,
+                manifest={"vecplug_version": __version__, **(manifest or {})},
                 progress=progress, count_tokens=lambda: encoder.document.tokens_seen,
-                stats=self.language_stats)
+                stats=self.language_stats, prune=prune, keep_sources=keep_sources)
         finally:
             # the stats may hold writes that were not committed: re-read them when needed
             self._stats = self._means = None
 
     def index_path(self, path: str | Path, *, lang: str | None = None,
                    progress: bool = False) -> IndexReport:
-        """Read a folder (or one file) and index every document in it; bad input is reported."""
+        """Read a folder (or one file) and index every document in it; bad input is reported.
+
+        Re-running on the same folder brings the index up to date: new and edited documents
+        are encoded, unchanged ones skipped, and documents whose file is gone (or no longer
+        has them) removed; files that cannot be read this time keep their last good version.
+        An index made from one folder and then given another one adds without removing.
+        """
         from vecplug.indexer.corpus import CorpusOptions, CorpusReader
 
         root = Path(path)
@@ -188,15 +200,16 @@ class Index:
         reader = CorpusReader(root, offsets, CorpusOptions(
             chunk_tokens=c.chunk_tokens, chunk_overlap=c.chunk_overlap, embed_fields=c.embed_fields,
             max_file_bytes=c.max_file_mb * 1024 * 1024))
-        report = self.add_documents(reader.documents(), lang=lang, progress=progress)
+        source_root = str(root.resolve())
+        built_from = self.manifest.get("source_root")
+        prune = built_from == source_root or (built_from is None and self.store.count() == 0)
+        report = self._add(reader.documents(), lang=lang, progress=progress, prune=prune,
+                           manifest={"source_root": source_root} if prune else None,
+                           keep_sources=lambda: reader.unread)
         report.files = reader.files
         report.problems = reader.problems + report.problems
         self.report = report
         return report
-
-    def _manifest_update(self) -> dict[str, Any]:
-        return {"updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "vecplug_version": __version__}
 
     # -- reading -----------------------------------------------------------
 
@@ -363,6 +376,14 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
               ("dim", "dimension", None), ("normalize", "normalisation", None),
               ("pooling", "pooling", None), ("document_prefix", "document prefix", None),
               ("query_prefix", "query prefix", None))
+    # the store's similarity: vecplug writes and searches unit vectors by cosine (inner
+    # product); an index whose manifest names another space would be ranked wrongly
+    store = built.get("store")
+    space = store.get("space") if isinstance(store, dict) else None
+    expected = current.get("space", "cosine")
+    if space is not None and space != expected:
+        raise ModelMismatchError(f"space mismatch: the index was built for {space!r} similarity, "
+                                 f"but this run searches by {expected!r}")
     built_proj, cur_proj = built.get("projection"), current.get("projection")
     if "projection" in built and (built_proj or {}).get("checksum") != (cur_proj or {}).get("checksum"):
         def show(p: dict[str, Any] | None) -> str:

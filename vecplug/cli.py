@@ -92,7 +92,7 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
     rate = report.documents / report.seconds if report.seconds else 0.0
     langs = ", ".join(f"{k} {v}" for k, v in report.languages.most_common())
     click.echo(f"indexed {report.documents} documents from {report.files} files "
-               f"({report.unchanged} unchanged, {len(report.problems)} problems) in "
+               f"({report.unchanged} unchanged, {report.removed} removed, {len(report.problems)} problems) in "
                f"{report.seconds:.1f} s ({rate:.1f} docs/s, {report.tokens} tokens); "
                f"index holds {total}")
     if langs:

@@ -37,5 +37,14 @@ class CorruptIndexError(VecplugError):
     """An index's files are damaged or inconsistent."""
 
 
+class StorageError(VecplugError):
+    """An index cannot be written or read: a full disk, a read-only or missing folder.
+    The last commit is left as it was."""
+
+
+class IndexLockedError(StorageError):
+    """Another process is writing to the index."""
+
+
 class ModelError(VecplugError):
     """A model cannot be resolved, built or loaded."""

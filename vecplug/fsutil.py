@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vecplug.errors import VecplugError
+from vecplug.errors import IndexLockedError, StorageError
 
 
 def fsync_path(path: Path) -> None:
@@ -37,6 +37,13 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
 
 
+def storage_error(exc: OSError, doing: str) -> StorageError:
+    """An OSError as a :class:`StorageError` that says what failed and that nothing was lost."""
+    reason = exc.strerror or str(exc)
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    return StorageError(f"{doing}: {reason}{where}; the last commit is intact")
+
+
 class WriterLock:
     """An exclusive, non-blocking lock on a folder: one writer at a time.
 
@@ -49,13 +56,16 @@ class WriterLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise storage_error(exc, f"cannot lock the index at {self.path.parent}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise VecplugError(f"another process is writing to the index at {self.path.parent}; "
-                               "wait for it to finish") from None
+            raise IndexLockedError(f"another process is writing to the index at {self.path.parent}; "
+                                   "wait for it to finish") from None
         self._fd = fd
 
     def release(self) -> None:

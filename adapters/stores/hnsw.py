@@ -6,6 +6,7 @@ Folder layout::
     records.sqlite       ids, text, payload; table ``meta`` holds the commit record
     vectors-<gen>.hnsw   the hnswlib graph of generation <gen>
     writer.lock          held (flock) by the one writer
+    .verified.json       sizes and times of the files as last written or checked (a cache)
 
 The commit point is the SQLite transaction: a commit first writes the new graph to a
 new ``vectors-<gen>.hnsw`` file (temporary name, fsync, rename), then commits the
@@ -14,6 +15,16 @@ before the SQLite commit leaves the previous generation intact (the orphan graph
 removed by the next writer); hnswlib's own ``save_index`` overwrites in place, so it never
 writes to a committed file. hnswlib files record neither dimension nor space: both are in
 the manifest, and the file size is checked on open.
+
+SQLite runs in WAL mode: readers in other processes keep answering from the last commit
+while a writer works, and pick up a new generation at their next search.
+
+Damage is detected, never trusted: every record row carries a checksum of its content
+(checked whenever it is read), the commit record carries one of itself, and a file whose
+size or time differs from what vecplug last wrote or checked is verified in full on open
+(SHA-256 of the graph against the commit record, before hnswlib, which crashes on
+damaged input, ever reads it; SQLite's ``integrity_check``). :func:`verify` checks
+everything regardless of the cache.
 """
 from __future__ import annotations
 
@@ -29,28 +40,36 @@ from typing import Any
 import numpy as np
 
 from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
-from vecplug.fsutil import WriterLock, atomic_write_json, fsync_path
+from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
     IndexNotFoundError,
     MissingDependencyError,
     ModelMismatchError,
+    StorageError,
     VecplugError,
 )
+from vecplug.fsutil import WriterLock, atomic_write_json, fsync_path, storage_error
 
 DB_NAME = "records.sqlite"
 MANIFEST_NAME = "manifest.json"
+STAMP_NAME = ".verified.json"
 DEFAULTS = {"M": 16, "ef_construction": 200, "ef_search": 64}
 # Below this many candidates a language filter is answered by exact search: cheaper than
 # a filtered graph walk and never short of results.
 EXACT_FILTER_LIMIT = 20000
+# a reader that finds the graph file of the generation it just read gone (a writer
+# committed in between) reads the commit record again, this many times
+_OPEN_RETRIES = 5
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records(
     label INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL, text TEXT NOT NULL,
-    source TEXT NOT NULL, position INTEGER NOT NULL, lang TEXT, payload TEXT NOT NULL);
+    source TEXT NOT NULL, position INTEGER NOT NULL, lang TEXT, payload TEXT NOT NULL,
+    crc TEXT);
 CREATE INDEX IF NOT EXISTS records_lang ON records(lang);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+_COLUMNS = "label, id, text, source, position, lang, payload"
 
 
 def _hnswlib() -> Any:
@@ -69,6 +88,40 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _row_crc(label: int, rid: str, text: str, source: str, position: int, lang: str | None,
+             payload: str) -> str:
+    data = json.dumps([label, rid, text, source, position, lang, payload], ensure_ascii=False)
+    return hashlib.blake2b(data.encode(), digest_size=8).hexdigest()
+
+
+def _meta_crc(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def _sqlite_error(exc: sqlite3.Error, where: Path) -> VecplugError:
+    """SQLite's error as ours: damage is a :class:`CorruptIndexError`, I/O a :class:`StorageError`."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    damaged = (name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or type(exc) is sqlite3.DatabaseError
+               or "Could not decode" in str(exc))  # text that is not UTF-8: damaged bytes
+    if damaged:
+        return CorruptIndexError(f"{where} is damaged ({exc}); rebuild the index or run vecplug verify")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return StorageError(f"{where} is busy ({exc}); try again")
+    return StorageError(f"cannot use {where}: {exc}; the last commit is intact")
+
+
+def _file_stats(folder: Path, names: Sequence[str]) -> dict[str, list[int] | None]:
+    out: dict[str, list[int] | None] = {}
+    for name in names:
+        try:
+            st = (folder / name).stat()
+            out[name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+        except FileNotFoundError:
+            out[name] = None
+    return out
+
+
 class HnswStore(VectorStore):
     """hnswlib + SQLite in a folder; see the module docstring for the commit protocol."""
 
@@ -77,7 +130,7 @@ class HnswStore(VectorStore):
     def __init__(self, folder: Path, db: sqlite3.Connection, commit_meta: dict[str, Any],
                  index: Any, writable: bool, lock: WriterLock | None, options: dict[str, Any]) -> None:
         self.folder = folder
-        self._db = db
+        self._db: sqlite3.Connection | None = db
         self._meta = commit_meta
         self._index = index
         self._writable = writable
@@ -86,6 +139,7 @@ class HnswStore(VectorStore):
         self._next_label = int(commit_meta["next_label"])
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
+        self._broken = False  # a commit failed: no more writes through this handle
         self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | None]] = {}
 
     # -- lifecycle ---------------------------------------------------------
@@ -100,7 +154,10 @@ class HnswStore(VectorStore):
         folder = Path(location)
         if cls.exists(location, options):
             raise VecplugError(f"an index already exists at {folder}")
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, f"cannot create the index folder {folder}") from exc
         lock = WriterLock(folder)
         lock.acquire()
         try:
@@ -108,12 +165,21 @@ class HnswStore(VectorStore):
             manifest = {**manifest, "dim": dim,
                         "store": {"name": cls.name, "space": "cosine", **opts}}
             tmp_db = folder / f".{DB_NAME}.{os.getpid()}.tmp"
-            tmp_db.unlink(missing_ok=True)
-            db = sqlite3.connect(tmp_db, isolation_level=None)
-            db.executescript(_SCHEMA)
-            db.close()
-            os.replace(tmp_db, folder / DB_NAME)  # the index exists only once complete
-            fsync_path(folder)
+            try:
+                tmp_db.unlink(missing_ok=True)
+                db = sqlite3.connect(tmp_db, isolation_level=None)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_SCHEMA)
+                db.close()
+                os.replace(tmp_db, folder / DB_NAME)  # the index exists only once complete
+                fsync_path(folder)
+            except OSError as exc:
+                raise storage_error(exc, f"cannot create the index at {folder}") from exc
+            except sqlite3.Error as exc:
+                raise _sqlite_error(exc, folder / DB_NAME) from exc
+            finally:
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{tmp_db}{suffix}").unlink(missing_ok=True)
             store = cls._open(folder, writable=True, lock=lock, options=options)
             store.commit(manifest)
             return store
@@ -140,36 +206,123 @@ class HnswStore(VectorStore):
     @classmethod
     def _open(cls, folder: Path, writable: bool, lock: WriterLock | None,
               options: dict[str, Any]) -> "HnswStore":
-        uri = (folder / DB_NAME).resolve().as_uri() + ("" if writable else "?mode=ro")
+        path = folder / DB_NAME
+        uri = path.resolve().as_uri() + ("" if writable else "?mode=ro")
         try:
             db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-            rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.DatabaseError as exc:
-            raise CorruptIndexError(f"{folder / DB_NAME} is not a readable vecplug database: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc, path) from exc
+        try:
+            if writable:
+                db.execute("PRAGMA journal_mode=WAL")  # indexes made before WAL switch here
+                db.execute("PRAGMA synchronous=FULL")  # a commit is durable once it returns
+                cls._migrate(db)
+            for attempt in range(_OPEN_RETRIES):
+                meta = cls._read_meta(db, path)
+                try:
+                    index = cls._checked_graph(folder, db, meta)
+                    break
+                except FileNotFoundError:
+                    # a writer committed a new generation and removed this one: read again
+                    if attempt == _OPEN_RETRIES - 1:
+                        raise CorruptIndexError(f"{folder / str(meta['hnsw_file'])} is missing: "
+                                                "the index is damaged") from None
+            store = cls(folder, db, meta, index, writable, lock, options)
+            if writable:
+                store._remove_orphans()
+                db.execute("BEGIN")
+            return store
+        except sqlite3.Error as exc:
+            db.close()
+            raise _sqlite_error(exc, path) from exc
+        except BaseException:
+            db.close()
+            raise
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+        if "crc" not in columns:  # indexes made before row checksums: new rows get them
+            db.execute("ALTER TABLE records ADD COLUMN crc TEXT")
+
+    @staticmethod
+    def _read_meta(db: sqlite3.Connection, path: Path) -> dict[str, Any]:
+        rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
         meta: dict[str, Any] = {"manifest": {}, "generation": 0, "next_label": 0, "hnsw_file": None}
         try:
             meta.update({key: json.loads(value) for key, value in rows.items()})
         except ValueError as exc:
-            raise CorruptIndexError(f"{folder / DB_NAME}: damaged commit record: {exc}") from exc
-        index = None
+            raise CorruptIndexError(f"{path}: damaged commit record: {exc}") from exc
+        if "checksum" in meta and meta["checksum"] != _meta_crc(meta):
+            raise CorruptIndexError(f"{path}: the commit record fails its checksum: the index is damaged")
+        if not isinstance(meta.get("manifest"), dict) or not isinstance(meta.get("next_label"), int):
+            raise CorruptIndexError(f"{path}: malformed commit record")
+        return meta
+
+    @classmethod
+    def _checked_graph(cls, folder: Path, db: sqlite3.Connection, meta: dict[str, Any]) -> Any:
+        """Check the files against the commit record (in full unless unchanged since vecplug last
+        wrote or checked them), then load the graph. FileNotFoundError: the graph file is gone."""
+        names = [DB_NAME, DB_NAME + "-wal"] + ([meta["hnsw_file"]] if meta["hnsw_file"] else [])
+        stats = _file_stats(folder, names)
+        if meta["hnsw_file"] and stats[meta["hnsw_file"]] is None:
+            raise FileNotFoundError(meta["hnsw_file"])
+        if not cls._stamp_matches(folder, stats):
+            problems = cls._full_check(folder, db, meta)
+            if problems:
+                raise CorruptIndexError(f"the index at {folder} is damaged: {problems[0]}")
+        if "count" in meta:
+            count = int(db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
+            if count != meta["count"]:
+                raise CorruptIndexError(f"{folder / DB_NAME} holds {count} records, its commit "
+                                        f"recorded {meta['count']}: the index is damaged")
+        return cls._load_graph(folder, meta) if meta["hnsw_file"] else None
+
+    @staticmethod
+    def _full_check(folder: Path, db: sqlite3.Connection, meta: dict[str, Any],
+                    rows: bool = False) -> list[str]:
+        """What is wrong with the files, checked in full; ``rows``: every record's checksum too."""
+        problems = [f"{DB_NAME}: {r[0]}" for r in db.execute("PRAGMA integrity_check").fetchall()
+                    if r[0] != "ok"]
         if meta["hnsw_file"]:
-            index = cls._load_graph(folder, meta)
-        store = cls(folder, db, meta, index, writable, lock, options)
-        if writable:
-            store._remove_orphans()
-            db.execute("BEGIN")
-        return store
+            path = folder / meta["hnsw_file"]
+            if not path.is_file():
+                problems.append(f"{path.name} is missing")
+            elif meta.get("hnsw_size") is not None and path.stat().st_size != meta["hnsw_size"]:
+                problems.append(f"{path.name} has {path.stat().st_size} bytes, the commit "
+                                f"recorded {meta['hnsw_size']}")
+            elif meta.get("hnsw_sha256") and _sha256(path) != meta["hnsw_sha256"]:
+                problems.append(f"{path.name} does not match the checksum of its commit")
+            elif problem := check_graph_file(path, int(meta["manifest"]["dim"])):
+                problems.append(problem)
+        if rows and not problems:
+            for row in db.execute(f"SELECT {_COLUMNS}, crc FROM records"):
+                if row[7] is not None and row[7] != _row_crc(*row[:7]):
+                    problems.append(f"{DB_NAME}: record {row[1]!r} fails its checksum")
+        return problems
+
+    @staticmethod
+    def _stamp_matches(folder: Path, stats: dict[str, list[int] | None]) -> bool:
+        try:
+            return json.loads((folder / STAMP_NAME).read_text()) == stats
+        except (OSError, ValueError):
+            return False
+
+    def _write_stamp(self) -> None:
+        """Remember the files as this writer left them: the next open need not check them in full."""
+        names = [DB_NAME, DB_NAME + "-wal"] + ([self._meta["hnsw_file"]] if self._meta["hnsw_file"] else [])
+        try:
+            atomic_write_json(self.folder / STAMP_NAME, _file_stats(self.folder, names))
+        except OSError:
+            pass  # only a cache: the next open checks in full
 
     @staticmethod
     def _load_graph(folder: Path, meta: dict[str, Any]) -> Any:
         path = folder / meta["hnsw_file"]
-        expected = meta.get("hnsw_size")
-        if not path.is_file():
-            raise CorruptIndexError(f"{path} is missing: the index is damaged")
-        if expected is not None and path.stat().st_size != expected:
-            raise CorruptIndexError(f"{path} has {path.stat().st_size} bytes, the commit "
-                                    f"recorded {expected}: the index is damaged")
         manifest = meta["manifest"]
+        problem = check_graph_file(path, int(manifest["dim"]))  # cheap; hnswlib would crash
+        if problem:
+            raise CorruptIndexError(f"the index at {folder} is damaged: {problem}")
         index = _hnswlib().Index(space="ip", dim=int(manifest["dim"]))
         try:
             index.load_index(str(path), max_elements=int(meta.get("capacity", 0)))
@@ -187,10 +340,15 @@ class HnswStore(VectorStore):
     def close(self) -> None:
         with self._mutex:
             if self._db is not None:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                self._db.close()
+                try:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    self._db.close()
+                except sqlite3.Error:
+                    pass  # closing: nothing left to protect
                 self._db = None
+                if self._writable:
+                    self._write_stamp()  # after close: SQLite has folded its WAL into the file
             self._index = None
             if self._lock:
                 self._lock.release()
@@ -206,10 +364,44 @@ class HnswStore(VectorStore):
     def dim(self) -> int:
         return int(self._meta["manifest"]["dim"])
 
+    def _sql(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self._db is None:
+            raise VecplugError(f"the index at {self.folder} is closed")
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc, self.folder / DB_NAME) from exc
+
     def _records(self, where: str, args: Sequence[Any]) -> list[tuple[int, Record]]:
-        rows = self._db.execute(
-            f"SELECT label, id, text, source, position, lang, payload FROM records WHERE {where}", args)
-        return [(r[0], Record(r[1], r[2], r[3], r[4], r[5], json.loads(r[6]))) for r in rows]
+        out = []
+        for r in self._sql(f"SELECT {_COLUMNS}, crc FROM records WHERE {where}", args):
+            if r[7] is not None and r[7] != _row_crc(*r[:7]):
+                raise CorruptIndexError(f"{self.folder / DB_NAME}: record {r[1]!r} fails its "
+                                        "checksum: the index is damaged")
+            try:
+                payload = json.loads(r[6])
+            except ValueError as exc:  # only reachable for rows written before checksums
+                raise CorruptIndexError(f"{self.folder / DB_NAME}: record {r[1]!r}: {exc}") from exc
+            out.append((r[0], Record(r[1], r[2], r[3], r[4], r[5], payload)))
+        return out
+
+    def _refresh(self) -> None:
+        """A reader follows the writer: when a new generation was committed, load it."""
+        if self._writable or self._db is None:
+            return
+        rows = self._sql("SELECT value FROM meta WHERE key = 'generation'")
+        if rows and json.loads(rows[0][0]) != self._meta["generation"]:
+            for attempt in range(_OPEN_RETRIES):
+                meta = self._read_meta(self._db, self.folder / DB_NAME)
+                try:
+                    index = self._checked_graph(self.folder, self._db, meta)
+                    break
+                except FileNotFoundError:
+                    if attempt == _OPEN_RETRIES - 1:
+                        raise CorruptIndexError(f"the graph of {self.folder} vanished") from None
+            self._meta, self._index = meta, index
+            self._next_label = int(meta["next_label"])
+            self._filter_cache.clear()
 
     def get(self, ids: Sequence[str]) -> list[Record]:
         found: dict[str, Record] = {}
@@ -220,27 +412,39 @@ class HnswStore(VectorStore):
         return [found[i] for i in ids if i in found]
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        labels = []
-        for rid in ids:
-            row = self._db.execute("SELECT label FROM records WHERE id = ?", (rid,)).fetchone()
-            if row is None:
-                raise KeyError(rid)
-            labels.append(row[0])
-        if not labels:
-            return np.zeros((0, self.dim), dtype=np.float32)
         with self._mutex:
-            return np.asarray(self._index.get_items(labels, return_type="numpy"), dtype=np.float32)
+            self._refresh()
+            by_id: dict[str, int] = {}
+            for i in range(0, len(ids), 500):
+                part = list(ids[i:i + 500])
+                marks = ",".join("?" * len(part))
+                by_id.update(self._sql(f"SELECT id, label FROM records WHERE id IN ({marks})", part))
+            missing = [rid for rid in ids if rid not in by_id]
+            if missing:
+                raise KeyError(missing[0])
+            if not ids:
+                return np.zeros((0, self.dim), dtype=np.float32)
+            return np.asarray(self._index.get_items([by_id[rid] for rid in ids], return_type="numpy"),
+                              dtype=np.float32)
 
     def ids(self) -> Iterator[str]:
-        for (rid,) in self._db.execute("SELECT id FROM records ORDER BY label"):
+        for (rid,) in self._sql("SELECT id FROM records ORDER BY label"):
             yield rid
 
     def count(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
+        return int(self._sql("SELECT COUNT(*) FROM records")[0][0])
 
     def languages(self) -> dict[str, int]:
-        rows = self._db.execute("SELECT COALESCE(lang, 'und'), COUNT(*) FROM records GROUP BY 1 ORDER BY 2 DESC")
+        rows = self._sql("SELECT COALESCE(lang, 'und'), COUNT(*) FROM records GROUP BY 1 ORDER BY 2 DESC")
         return {lang: n for lang, n in rows}
+
+    def verify(self, rows: bool = True) -> list[str]:
+        """Everything wrong with the committed files, checked in full (empty: all is well)."""
+        with self._mutex:
+            try:
+                return self._full_check(self.folder, self._db, self._meta, rows=rows)
+            except sqlite3.Error as exc:
+                return [str(_sqlite_error(exc, self.folder / DB_NAME))]
 
     def search(self, vector: np.ndarray, k: int,
                langs: Sequence[str] | None = None) -> list[StoreHit]:
@@ -249,6 +453,7 @@ class HnswStore(VectorStore):
             raise ModelMismatchError(f"query vector has dimension {vector.shape[1]}, "
                                      f"the index at {self.folder} has {self.dim}")
         with self._mutex:
+            self._refresh()
             if self._index is None or k <= 0:
                 return []
             if langs:
@@ -290,7 +495,7 @@ class HnswStore(VectorStore):
         matrix-vector product instead of a database scan and a copy out of the graph.
         """
         marks = ",".join("?" * len(langs))
-        labels = np.asarray([r[0] for r in self._db.execute(
+        labels = np.asarray([r[0] for r in self._sql(
             f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks})", list(langs))],
             dtype=np.int64)
         if not len(labels) or len(labels) > EXACT_FILTER_LIMIT:
@@ -310,6 +515,9 @@ class HnswStore(VectorStore):
     def _check_writable(self) -> None:
         if not self._writable or self._db is None:
             raise RuntimeError("store is not open for writing")
+        if self._broken:
+            raise StorageError(f"a commit to {self.folder} failed: reopen the index to go on "
+                               "(the last commit is intact)")
 
     def _ensure_graph(self, extra: int) -> None:
         if self._index is None:
@@ -332,18 +540,17 @@ class HnswStore(VectorStore):
             self._ensure_graph(len(records))
             labels = []
             for rec in records:
-                row = self._db.execute("SELECT label FROM records WHERE id = ?", (rec.id,)).fetchone()
-                if row is None:
+                row = self._sql("SELECT label FROM records WHERE id = ?", (rec.id,))
+                if not row:
                     label = self._next_label
                     self._next_label += 1
                 else:
-                    label = row[0]
+                    label = row[0][0]
                 labels.append(label)
-                self._db.execute(
-                    "INSERT OR REPLACE INTO records(label, id, text, source, position, lang, payload) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (label, rec.id, rec.text, rec.source, rec.position, rec.lang,
-                     json.dumps(rec.payload, ensure_ascii=False)))
+                payload = json.dumps(rec.payload, ensure_ascii=False)
+                values = (label, rec.id, rec.text, rec.source, rec.position, rec.lang, payload)
+                self._sql(f"INSERT OR REPLACE INTO records({_COLUMNS}, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (*values, _row_crc(*values)))
             labels_arr = np.asarray(labels, dtype=np.int64)
             # a re-added label may have been deleted earlier in this session
             for label in labels_arr:
@@ -359,14 +566,14 @@ class HnswStore(VectorStore):
         self._check_writable()
         with self._mutex:
             for rid in ids:
-                row = self._db.execute("SELECT label FROM records WHERE id = ?", (rid,)).fetchone()
-                if row is None:
+                row = self._sql("SELECT label FROM records WHERE id = ?", (rid,))
+                if not row:
                     continue
-                self._db.execute("DELETE FROM records WHERE label = ?", (row[0],))
+                self._sql("DELETE FROM records WHERE label = ?", (row[0][0],))
                 self._filter_cache.clear()
                 if self._index is not None:
                     try:
-                        self._index.mark_deleted(int(row[0]))
+                        self._index.mark_deleted(int(row[0][0]))
                     except RuntimeError:
                         pass
                 self._dirty = True
@@ -377,29 +584,62 @@ class HnswStore(VectorStore):
             meta = dict(self._meta)
             if manifest is not None:
                 meta["manifest"] = {**meta["manifest"], **manifest}
-            if self._dirty or meta["hnsw_file"] is None and self._index is not None:
-                gen = int(meta["generation"]) + 1
-                name = f"vectors-{gen}.hnsw"
-                tmp = self.folder / f".{name}.tmp"
-                self._index.save_index(str(tmp))
-                with open(tmp, "rb+") as fh:
-                    os.fsync(fh.fileno())
-                os.replace(tmp, self.folder / name)
-                fsync_path(self.folder)
-                meta.update(generation=gen, hnsw_file=name,
-                            hnsw_size=(self.folder / name).stat().st_size,
-                            hnsw_sha256=_sha256(self.folder / name),
-                            capacity=self._index.get_max_elements())
-            meta["next_label"] = self._next_label
-            for key, value in meta.items():
-                self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                                 (key, json.dumps(value)))
-            self._db.execute("COMMIT")  # <- the commit point
+            written: Path | None = None
+            try:
+                if self._dirty or meta["hnsw_file"] is None and self._index is not None:
+                    gen = int(meta["generation"]) + 1
+                    name = f"vectors-{gen}.hnsw"
+                    tmp = self.folder / f".{name}.tmp"
+                    try:
+                        self._index.save_index(str(tmp))
+                        problem = check_graph_file(tmp, self.dim)
+                        if problem:  # hnswlib does not report failed writes (full disk)
+                            raise StorageError(f"writing the graph failed ({problem}): is the disk "
+                                               "full? The last commit is intact")
+                        with open(tmp, "rb+") as fh:
+                            os.fsync(fh.fileno())
+                        os.replace(tmp, self.folder / name)
+                        written = self.folder / name
+                        fsync_path(self.folder)
+                    except RuntimeError as exc:  # hnswlib's own I/O errors
+                        raise StorageError(f"cannot write {tmp}: {exc}; the last commit is intact") from exc
+                    finally:
+                        tmp.unlink(missing_ok=True)
+                    meta.update(generation=gen, hnsw_file=name, hnsw_size=written.stat().st_size,
+                                hnsw_sha256=_sha256(written), capacity=self._index.get_max_elements())
+                meta["next_label"] = self._next_label
+                meta["count"] = self.count()
+                meta["checksum"] = _meta_crc(meta)
+                for key, value in meta.items():
+                    self._sql("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+                self._sql("COMMIT")  # <- the commit point
+            except OSError as exc:
+                self._abandon(written)
+                raise storage_error(exc, f"cannot commit to the index at {self.folder}") from exc
+            except BaseException:
+                self._abandon(written)
+                raise
             old = self._meta.get("hnsw_file")
             self._meta = meta
             self._dirty = False
-            atomic_write_json(self.folder / MANIFEST_NAME, meta["manifest"])
             if old and old != meta["hnsw_file"]:
                 (self.folder / old).unlink(missing_ok=True)
-            self._db.execute("BEGIN")
+            self._sql("BEGIN")
+            self._write_stamp()
+            try:
+                atomic_write_json(self.folder / MANIFEST_NAME, meta["manifest"])
+            except OSError as exc:  # the copy for people: the commit itself is done
+                raise storage_error(exc, f"committed, but cannot write {self.folder / MANIFEST_NAME}") from exc
 
+    def _abandon(self, written: Path | None) -> None:
+        """After a failed commit: drop what was staged (SQLite may have rolled back already) and
+        refuse further writes, which would otherwise land outside any transaction. The graph
+        file it wrote is nobody's (the next writer would remove it too)."""
+        self._broken = True
+        try:
+            if self._db is not None and self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        if written is not None and written.name != self._meta.get("hnsw_file"):
+            written.unlink(missing_ok=True)

@@ -18,14 +18,37 @@ mode (``QdrantClient(path=...)``), measured with 0.9 vs 1.20, 10k x 384 vectors,
   RAM). Edge's ``optimize()`` (HNSW build) takes 2.5 s at 10k and ~0 when nothing changed;
   before it, search is brute force (0.8 ms). Disk use is alike (~40 MB).
 
-Writes go straight to Qdrant (server: ``wait=True``; edge: WAL), so this store sees them at
-once, and :meth:`QdrantStore.commit` is the durability point (edge: flush + optimize) followed
-by the manifest. Unlike the base contract, writes after the last commit are *not* dropped by
-``close()`` or a crash: a server has them already, and edge's WAL replays them.
+Server mode: writes go straight to the collection (``wait=True``), so this store sees them at
+once and :meth:`QdrantStore.commit` only replaces the manifest. A server cannot apply a batch
+atomically across points: a client that dies mid-run leaves the writes it made (part of a
+batch, writes after the last commit) in the collection, under the previous manifest.
+
+Embedded mode keeps the base contract (an index opens as exactly some committed state) with a
+redo log. Upserts and deletes are staged in memory (at most one commit's worth: the indexing
+pipeline commits every 4096 documents) and the shard is not touched until commit. Every read
+(``get``, ``vectors``, ``ids``, ``count``, ``languages``, ``search``) sees the committed shard
+overlaid with the staged writes; ``search`` scores staged vectors exactly and merges them with
+the shard's (over-fetched, shadowed points dropped) hits. :meth:`QdrantStore.commit`:
+
+1. writes every staged op and the new manifest to ``pending.redo`` (temporary name, fsync,
+   rename, fsync the folder): that rename is the commit point;
+2. applies the ops to the shard (upserts with stable ids and deletes are idempotent), then
+   flush (and ``optimize()`` + flush, unless ``options["optimize"]`` is false);
+3. writes ``manifest.json`` atomically; 4. removes ``pending.redo``.
+
+Opening (read or write: a shard takes one process at a time anyway) first finishes a
+``pending.redo`` left by a crash: steps 2-4. A redo file only exists complete (it is renamed
+into place after an fsync); it also ends with a SHA-256 of its contents, and one that does not
+match raises :class:`~vecplug.errors.CorruptIndexError` instead of being applied. Its format
+(no pickle): the line ``VECPLUG-REDO/1``, a little-endian u64 header length, a JSON header (``meta``,
+``delete``: point ids, ``upsert``: point ids, ``payloads``), the upserted vectors as raw
+little-endian float32 rows, the SHA-256 digest. ``close()`` without a commit drops staged
+writes; a crash before the rename leaves the shard exactly as the last commit left it.
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -39,15 +62,18 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
-from vecplug.errors import (CorruptIndexError, IndexNotFoundError, MissingDependencyError,
-                             VecplugError)
-from vecplug.fsutil import atomic_write_json
+from vecplug.errors import (CorruptIndexError, IndexLockedError, IndexNotFoundError,
+                             MissingDependencyError, VecplugError)
+from vecplug.fsutil import WriterLock, atomic_write_bytes, atomic_write_json, fsync_path
 
 ID_NAMESPACE = uuid.UUID("6f1c7d2e-4b0a-5e8f-9a3c-2d7b1e0f4a65")  # fixed: ids map stably
 FORMAT = "vecplug.qdrant/1"
 META_KEY = "vecplug"
 MANIFEST = "manifest.json"
 SHARD = "shard"
+LOCK = "writer.lock"  # held (flock) while the shard is open: Qdrant Edge allows one opener
+REDO = "pending.redo"  # a commit's ops, until the shard has them (module docstring)
+REDO_MAGIC = b"VECPLUG-REDO/1\n"
 UND = "und"
 _BATCH = 256
 _T = TypeVar("_T")
@@ -111,7 +137,11 @@ def _retry(fn: Callable[..., _T], *args: Any, tries: int = 3, **kwargs: Any) -> 
 
 
 class _Server:
-    """One collection on a Qdrant server (or in any ``QdrantClient``, e.g. ``:memory:``)."""
+    """One collection on a Qdrant server (or in any ``QdrantClient``, e.g. ``:memory:``).
+
+    Writes are not staged: each is acknowledged (``wait=True``) as it is made, so a commit is
+    only the manifest, and a crash mid-run leaves uncommitted writes (see the module docstring).
+    """
 
     def __init__(self, location: str, options: dict[str, Any]) -> None:
         try:
@@ -182,8 +212,8 @@ class _Server:
         hits = _retry(self.client.facet, self.name, "lang", limit=100_000, exact=True).hits
         return {str(h.value): int(h.count) for h in hits}
 
-    def commit(self) -> None:
-        pass  # every write was already acknowledged with wait=True
+    def commit(self, meta: dict[str, Any]) -> None:
+        self.save_meta(meta)  # every write was already acknowledged with wait=True
 
     def close(self) -> None:
         if self.owned:
@@ -191,7 +221,11 @@ class _Server:
 
 
 class _Edge:
-    """A Qdrant Edge shard embedded in ``<folder>/shard``."""
+    """A Qdrant Edge shard embedded in ``<folder>/shard``, with writes staged until commit.
+
+    ``staged`` maps a point id to its new ``(payload, unit vector)``, or to None for a delete:
+    the last write per point wins, so the ops of one commit are independent of order.
+    """
 
     def __init__(self, folder: str, options: dict[str, Any]) -> None:
         try:
@@ -201,8 +235,12 @@ class _Edge:
                                          purpose="the embedded qdrant store") from None
         self.q, self.folder, self.where = qdrant_edge, folder, f"folder {folder}"
         self.path = os.path.join(folder, SHARD)
+        self.redo = os.path.join(folder, REDO)
         self.optimize = bool(options.get("optimize", True))
         self.shard: Any = None
+        self.lock: WriterLock | None = None
+        self.staged: dict[str, tuple[dict[str, Any], np.ndarray] | None] = {}
+        self._under: dict[str, str] | None = None  # staged point -> its committed lang, if any
 
     @staticmethod
     def read_meta(folder: str) -> dict[str, Any] | None:
@@ -219,85 +257,253 @@ class _Edge:
     def meta(self) -> dict[str, Any] | None:
         return self.read_meta(self.folder)
 
-    def load(self) -> None:
+    def load(self, recover: bool = True) -> None:
+        """Open the shard (taking its lock), then finish a commit a crash interrupted."""
         if not os.path.isdir(self.path):
             raise CorruptIndexError(f"{self.where} has no {SHARD}/ directory")
+        # Our own lock first: a second EdgeShard.load of an open shard fails on the engine's
+        # WAL lock only after touching its files (seen: a flush of the first opener then
+        # failed on a short payload-index journal), so a second opener must not get that far.
+        lock = WriterLock(Path(self.folder))
+        try:
+            lock.acquire()
+        except IndexLockedError:
+            raise IndexLockedError(f"the index in {self.folder} is open elsewhere (embedded Qdrant "
+                                   "serves one process at a time)") from None
         try:
             self.shard = self.q.EdgeShard.load(self.path)
         except Exception as exc:  # the bindings raise plain Exception
+            lock.release()
             if "WouldBlock" in str(exc):  # the WAL lock is held
-                raise VecplugError(f"the index in {self.folder} is open elsewhere") from exc
+                raise IndexLockedError(f"the index in {self.folder} is open elsewhere") from exc
             raise CorruptIndexError(f"cannot load the shard in {self.folder}: {exc}") from exc
+        self.lock = lock
+        if not recover:
+            return
+        try:
+            for name in os.listdir(self.folder):  # redo files torn before their rename
+                if name.startswith(f".{REDO}.") and name.endswith(".tmp"):
+                    os.remove(os.path.join(self.folder, name))
+            if os.path.exists(self.redo):
+                meta, deletes, upserts, payloads, vecs = _read_redo(self.redo, self.where)
+                self._apply(meta, deletes, upserts, payloads, vecs)
+        except BaseException:
+            self.close()
+            raise
 
     def create(self, dim: int, meta: dict[str, Any]) -> None:
         q, manifest = self.q, os.path.join(self.folder, MANIFEST)
         if os.path.isdir(self.folder):
-            leftovers = all(n == SHARD or n.startswith("." + MANIFEST)
+            leftovers = all(n in (SHARD, REDO, LOCK) or n.startswith(("." + MANIFEST, "." + REDO))
                             for n in os.listdir(self.folder))
             if not (leftovers or self.meta() is not None):  # never delete what is not ours
                 raise VecplugError(f"{self.folder} is not empty and not a vecplug qdrant index")
             try:  # taking the WAL lock proves that nobody has the old index open
-                self.load()
+                self.load(recover=False)
                 self.close()
             except CorruptIndexError:
                 pass  # no shard, or a broken leftover: nothing to protect
             if os.path.exists(manifest):  # first: a crash half-way leaves no index at all
                 os.remove(manifest)
+            for name in os.listdir(self.folder):  # the old index's redo log must never replay
+                if name == REDO or name.startswith("." + REDO):
+                    os.remove(os.path.join(self.folder, name))
             shutil.rmtree(self.path, ignore_errors=True)
         os.makedirs(self.folder, exist_ok=True)
-        self.shard = q.EdgeShard.create(self.path, q.EdgeConfig(
-            vectors=q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)))
-        self.shard.update(q.UpdateOperation.create_field_index("lang", q.PayloadSchemaType.Keyword))
-        self.shard.flush()
-        self.save_meta(meta)
+        self.lock = WriterLock(Path(self.folder))
+        self.lock.acquire()
+        try:
+            self.shard = q.EdgeShard.create(self.path, q.EdgeConfig(
+                vectors=q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)))
+            self.shard.update(q.UpdateOperation.create_field_index("lang", q.PayloadSchemaType.Keyword))
+            self.shard.flush()
+            self.save_meta(meta)
+        except BaseException:
+            self.close()
+            raise
 
     def save_meta(self, meta: dict[str, Any]) -> None:
         """Write ``manifest.json`` atomically: temp file, fsync, rename, fsync the folder."""
         atomic_write_json(Path(self.folder) / MANIFEST, meta)
 
+    # -- staging -----------------------------------------------------------------------------
+
     def upsert(self, ids: list[str], vecs: np.ndarray, payloads: list[dict[str, Any]]) -> None:
-        q = self.q
-        self.shard.update(q.UpdateOperation.upsert_points(
-            [q.Point(i, v.tolist(), p) for i, v, p in zip(ids, vecs, payloads)]))
+        vecs = np.array(vecs, dtype=np.float32)  # a copy, normalised as Qdrant stores it
+        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+        vecs = np.divide(vecs, norms, out=vecs, where=norms > 0)
+        for i, v, p in zip(ids, vecs, payloads):
+            # JSON round trip: stored by value, as the shard would, and a payload that cannot
+            # be written fails now rather than at commit
+            self.staged[i] = (json.loads(json.dumps(p, ensure_ascii=False)), v)
+        self._under = None
 
     def delete(self, ids: list[str]) -> None:
-        self.shard.update(self.q.UpdateOperation.delete_points(ids))
+        for i in ids:
+            self.staged[i] = None
+        self._under = None
+
+    def under(self) -> dict[str, str]:
+        """The staged points the shard holds, with their committed language (cached)."""
+        if self._under is None:
+            pids, under = list(self.staged), {}
+            for a in range(0, len(pids), 1000):
+                for p in self.shard.retrieve(pids[a:a + 1000], ["lang"], False):
+                    under[str(p.id)] = (p.payload or {}).get("lang", UND)
+            self._under = under
+        return self._under
+
+    # -- reading: the shard overlaid with the staged writes ------------------------------------
 
     def search(self, vec: np.ndarray, k: int, langs: list[str] | None) -> Hits:
         q = self.q
+        shadowed = len(self.under()) if self.staged else 0  # hits that staged writes replace
         flt = langs and q.Filter(must=[q.FieldCondition("lang", match=q.MatchAny(langs))])
-        res = self.shard.query(q.QueryRequest(query=q.Query.Nearest(vec.tolist()), limit=k,
-                                              filter=flt or None, with_payload=True))
-        return [(p.payload or {}, float(p.score)) for p in res]
+        res = self.shard.query(q.QueryRequest(query=q.Query.Nearest(vec.tolist()),
+                                              limit=k + shadowed, filter=flt or None,
+                                              with_payload=True))
+        hits = [(p.payload or {}, float(p.score)) for p in res if str(p.id) not in self.staged]
+        if self.staged:
+            unit = vec / max(float(np.linalg.norm(vec)), 1e-30)
+            hits += [(p, float(v @ unit)) for p, v in
+                     (s for s in self.staged.values() if s is not None)
+                     if langs is None or p.get("lang", UND) in langs]
+            hits.sort(key=lambda h: -h[1])
+            hits = [(copy.deepcopy(p), score) for p, score in hits[:k]]
+        return hits[:k]
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
+        fresh = [i for i in ids if i not in self.staged]
         # with_payload/with_vector are required positionals, although the .pyi says optional
-        return [p.payload or {} for p in self.shard.retrieve(ids, True, False)]
+        found = [p.payload or {} for p in self.shard.retrieve(fresh, True, False)] if fresh else []
+        return found + [copy.deepcopy(s[0]) for s in map(self.staged.get, ids) if s is not None]
 
     def retrieve_vectors(self, ids: list[str]) -> dict[str, list[float]]:
-        return {(p.payload or {})["_id"]: p.vector for p in self.shard.retrieve(ids, True, True)}
+        fresh = [i for i in ids if i not in self.staged]
+        found = {(p.payload or {})["_id"]: p.vector
+                 for p in self.shard.retrieve(fresh, ["_id"], True)} if fresh else {}
+        found.update((s[0]["_id"], s[1].tolist())
+                     for s in map(self.staged.get, ids) if s is not None)
+        return found
 
     def scroll_ids(self) -> Iterator[str]:
-        return _scroll(lambda off: self.shard.scroll(self.q.ScrollRequest(
-            offset=off, limit=1000, with_payload=["_id"], with_vector=False)))
+        staged = dict(self.staged)  # what is staged now; later writes do not change this scan
+        offset = None
+        while True:
+            points, offset = self.shard.scroll(self.q.ScrollRequest(
+                offset=offset, limit=1000, with_payload=["_id"], with_vector=False))
+            yield from ((p.payload or {})["_id"] for p in points if str(p.id) not in staged)
+            if offset is None:
+                break
+        yield from (s[0]["_id"] for s in staged.values() if s is not None)
 
     def count(self) -> int:
-        return int(self.shard.count(self.q.CountRequest(exact=True)))
+        n = int(self.shard.count(self.q.CountRequest(exact=True)))
+        if self.staged:
+            under = self.under()
+            n += sum(1 for i, s in self.staged.items() if s is not None and i not in under)
+            n -= sum(1 for i, s in self.staged.items() if s is None and i in under)
+        return n
 
     def facet(self) -> dict[str, int]:
         hits = self.shard.facet(self.q.FacetRequest("lang", limit=100_000, exact=True))
-        return {str(h.value): int(h.count) for h in hits}
+        counts = {str(h.value): int(h.count) for h in hits}
+        if self.staged:
+            for lang in self.under().values():
+                counts[lang] = counts.get(lang, 0) - 1
+            for s in self.staged.values():
+                if s is not None:
+                    lang = s[0].get("lang", UND)
+                    counts[lang] = counts.get(lang, 0) + 1
+        return counts
 
-    def commit(self) -> None:
+    # -- committing --------------------------------------------------------------------------
+
+    def commit(self, meta: dict[str, Any]) -> None:
+        if not self.staged:  # nothing for the shard: the manifest alone is the commit
+            self.save_meta(meta)
+            return
+        deletes = [i for i, s in self.staged.items() if s is None]
+        ups = [(i, s) for i, s in self.staged.items() if s is not None]
+        vecs = (np.stack([s[1] for _, s in ups]) if ups
+                else np.zeros((0, int(meta["dim"])), dtype=np.float32))
+        atomic_write_bytes(Path(self.redo), _redo_bytes(  # <- the commit point (its rename)
+            meta, deletes, [i for i, _ in ups], [s[0] for _, s in ups], vecs))
+        # staged writes stay readable until the shard has them; if this fails, the commit
+        # still happened (its redo file is in place): the next commit or open finishes it
+        try:
+            self._apply(meta, deletes, [i for i, _ in ups], [s[0] for _, s in ups], vecs)
+        finally:
+            self._under = None  # the shard may hold some of the staged points now
+        self.staged = {}
+
+    def _apply(self, meta: dict[str, Any], deletes: list[str], upserts: list[str],
+               payloads: list[dict[str, Any]], vecs: np.ndarray) -> None:
+        """Steps 2-4 of a commit (module docstring); idempotent, so a crash may repeat them."""
+        q = self.q
+        for a in range(0, len(deletes), _BATCH):  # unknown ids are no-ops in Qdrant
+            self.shard.update(q.UpdateOperation.delete_points(deletes[a:a + _BATCH]))
+        for a in range(0, len(upserts), _BATCH):
+            self.shard.update(q.UpdateOperation.upsert_points(
+                [q.Point(i, v.tolist(), p) for i, v, p in
+                 zip(upserts[a:a + _BATCH], vecs[a:a + _BATCH], payloads[a:a + _BATCH])]))
         self.shard.flush()
         if self.optimize:  # (re)builds HNSW for grown segments; ~free when nothing changed
             self.shard.optimize()
             self.shard.flush()
+        self.save_meta(meta)  # data first: the manifest never describes writes not yet durable
+        os.remove(self.redo)
+        fsync_path(Path(self.folder))
 
     def close(self) -> None:
+        self.staged, self._under = {}, None  # never committed: dropped
         if self.shard is not None:
             self.shard, shard = None, self.shard
             shard.close()
+        if self.lock is not None:
+            self.lock, lock = None, self.lock
+            lock.release()
+
+
+def _redo_bytes(meta: dict[str, Any], deletes: list[str], upserts: list[str],
+                payloads: list[dict[str, Any]], vecs: np.ndarray) -> bytes:
+    """A redo file: magic, u64 header length, JSON header, float32 rows, SHA-256 of it all."""
+    header = json.dumps({"meta": meta, "delete": deletes, "upsert": upserts, "payloads": payloads,
+                         "dim": int(vecs.shape[1])}, ensure_ascii=False).encode()
+    body = b"".join([REDO_MAGIC, len(header).to_bytes(8, "little"), header,
+                     np.ascontiguousarray(vecs, dtype="<f4").tobytes()])
+    return body + hashlib.sha256(body).digest()
+
+
+def _read_redo(path: str, where: str) -> tuple[dict[str, Any], list[str], list[str],
+                                                list[dict[str, Any]], np.ndarray]:
+    """Parse and verify a redo file; CorruptIndexError unless it is exactly as written."""
+    def bad(why: str) -> CorruptIndexError:
+        return CorruptIndexError(f"the redo log {REDO} in {where} is damaged ({why}); it is "
+                                 "not applied: remove it to open the previous commit")
+    with open(path, "rb") as f:
+        data = f.read()
+    head = len(REDO_MAGIC) + 8
+    if len(data) < head + 32 or not data.startswith(REDO_MAGIC):
+        raise bad("truncated or not a redo file")
+    body, digest = data[:-32], data[-32:]
+    if hashlib.sha256(body).digest() != digest:
+        raise bad("checksum mismatch")
+    size = int.from_bytes(body[len(REDO_MAGIC):head], "little")
+    try:
+        h = json.loads(body[head:head + size].decode())
+        meta, deletes, upserts, payloads, dim = (h["meta"], h["delete"], h["upsert"],
+                                                 h["payloads"], int(h["dim"]))
+        vecs = np.frombuffer(body[head + size:], dtype="<f4").astype(np.float32)
+        vecs = vecs.reshape(len(upserts), dim)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise bad(f"malformed: {exc}") from exc
+    if not (isinstance(meta, dict) and meta.get("format") == FORMAT
+            and all(isinstance(x, list) for x in (deletes, upserts, payloads))
+            and all(isinstance(i, str) for i in deletes + upserts)
+            and all(isinstance(p, dict) for p in payloads) and len(payloads) == len(upserts)):
+        raise bad("malformed header")
+    return meta, list(deletes), list(upserts), list(payloads), vecs
 
 
 class QdrantStore(VectorStore):
@@ -341,16 +547,21 @@ class QdrantStore(VectorStore):
     @classmethod
     def open(cls, location: str, options: dict[str, Any], writable: bool = False) -> "QdrantStore":
         b = cls._backend(location, options)
-        meta = b.meta()  # checked before any engine file is read: crafted folders stay shut
+        meta = cls._checked(b, b.meta())  # before any engine file is read: crafted folders stay shut
+        if isinstance(b, _Edge):
+            b.load()  # finishes a commit a crash interrupted, which may write the manifest
+            meta = cls._checked(b, b.meta())
+        return cls(b, meta, writable)
+
+    @staticmethod
+    def _checked(b: _Server | _Edge, meta: dict[str, Any] | None) -> dict[str, Any]:
         if meta is None or not isinstance(meta.get("dim"), int) or not isinstance(
                 meta.get("manifest"), dict):
             b.close()
             if meta is None:
                 raise IndexNotFoundError(f"no vecplug qdrant index in {b.where}")
             raise CorruptIndexError(f"malformed vecplug manifest in {b.where}")
-        if isinstance(b, _Edge):
-            b.load()
-        return cls(b, meta, writable)
+        return meta
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -423,10 +634,9 @@ class QdrantStore(VectorStore):
 
     def commit(self, manifest: dict[str, Any] | None = None) -> None:
         b = self._live(write=True)
-        b.commit()  # data first: the manifest never describes writes that could still be lost
         merged = {**self._meta["manifest"], **copy.deepcopy(manifest or {})}
         meta = {**self._meta, "manifest": merged}
-        b.save_meta(meta)
+        b.commit(meta)  # edge: redo log, shard, then the manifest; server: the manifest
         self._meta = meta
 
     def close(self) -> None:

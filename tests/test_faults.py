@@ -1,0 +1,457 @@
+"""Fault tests: the indexer killed at random points, full disks, read-only and missing
+folders, damaged files, concurrent writers and readers. Child processes run
+``tests/_fault_worker.py`` with the fake encoder, so every run is fast and deterministic.
+
+The figures these tests print (runs, kills, corruptions tried, failures) are the ones in the
+README's reliability section: ``pytest tests/test_faults.py -s -k "kill or corrupt"``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import FakeEncoder
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "_fault_worker.py")
+sys.path.insert(0, str(HERE))
+import _fault_worker as fw  # noqa: E402
+from vecplug.adapters.stores import get_store_class  # noqa: E402
+
+STORES = ["hnswlib", pytest.param("qdrant", marks=pytest.mark.slow)]
+WORDS = ("river mountain city bread train music winter garden ocean market bridge forest "
+         "Fluss Berg Stadt Brot Zug Musik Winter Garten Meer Markt Brücke Wald "
+         "rivière montagne ville pain musique hiver jardin océan marché pont forêt").split()
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(HERE.parent)}
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)) + "."
+
+
+def make_corpus(folder: Path, rng: random.Random, files: int = 10) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        (folder / f"doc{i:02d}.txt").write_text(_text(rng, rng.randint(5, 60)))
+    lines = [json.dumps({"id": f"r{j}", "title": _text(rng, 3), "text": _text(rng, 8)}) for j in range(8)]
+    (folder / "records.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def mutate(folder: Path, rng: random.Random, step: int) -> None:
+    """Edit, delete and add files, and change a record: what users do between runs."""
+    files = sorted(folder.glob("doc*.txt"))
+    for f in rng.sample(files, min(2, len(files))):
+        f.write_text(_text(rng, rng.randint(5, 60)))
+    if len(files) > 3:
+        rng.choice(files).unlink()
+    (folder / f"new{step:02d}.txt").write_text(_text(rng, rng.randint(5, 40)))
+    lines = (folder / "records.jsonl").read_text().splitlines()
+    lines[rng.randrange(len(lines))] = json.dumps({"id": f"r{rng.randrange(20)}", "text": _text(rng, 6)})
+    (folder / "records.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def expected_docs(corpus: Path) -> tuple[list[str], dict[str, tuple[Any, ...]]]:
+    """The documents a clean build of ``corpus`` holds, in reading order (no store involved)."""
+    from vecplug.indexer.corpus import CorpusOptions, CorpusReader
+
+    reader = CorpusReader(corpus, fw.offsets, CorpusOptions(chunk_tokens=12, chunk_overlap=2))
+    enc = FakeEncoder(fw.DIM)
+    order, docs = [], {}
+    for d in reader.documents():
+        if d.id in docs:
+            continue  # a duplicate id: the first one is kept
+        lang = d.lang or fw.detect(d.text)
+        docs[d.id] = (d.text, lang, d.source, enc.encode_documents([d.text])[0])
+        order.append(d.id)
+    return order, docs
+
+
+def _same(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[:3] == b[:3] and bool(np.allclose(a[3], b[3], atol=1e-6))
+
+
+def committed_state(found: dict[str, tuple[Any, ...]], old: dict[str, tuple[Any, ...]],
+                    new: dict[str, tuple[Any, ...]], order: list[str]) -> str | None:
+    """Why ``found`` is not a state some commit of updating ``old`` to ``new`` left (None: it is one).
+
+    A run applies the changes in reading order and commits a prefix of them at a time; the
+    removals of documents that are gone come with its final commit.
+    """
+    if set(found) == set(new) and all(_same(found[i], new[i]) for i in new):
+        return None
+    extra = set(found) - set(old) - set(new)
+    if extra:
+        return f"documents that no state holds: {sorted(extra)[:3]}"
+    changes = [i for i in order if not _same(old.get(i), new[i])]
+    applied = [_same(found.get(i), new[i]) for i in changes]
+    j = applied.index(False) if False in applied else len(applied)
+    if any(applied[j:]):
+        return f"changes applied out of order: {[c for c, a in zip(changes, applied) if a][:3]}"
+    for i in changes[j:]:
+        if not _same(found.get(i), old.get(i)):
+            return f"{i} is neither its old nor its new version"
+    for i in set(old) - set(new):
+        if not _same(found.get(i), old[i]):
+            return f"{i} was removed before the final commit"
+    for i in set(old) & set(new):
+        if i not in changes and not _same(found.get(i), old[i]):
+            return f"unchanged {i} differs"
+    return None
+
+
+def check_stats(st: dict[str, Any]) -> None:
+    """The language statistics in the manifest describe exactly the stored vectors (same commit)."""
+    from vecplug.adapters.bias import LanguageStats
+
+    stats = LanguageStats.from_manifest(st["manifest"]) or LanguageStats(fw.DIM)
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    for text, lang, _, vec in st["docs"].values():
+        sums[lang or "und"] = sums.get(lang or "und", 0) + vec.astype(np.float64)
+        counts[lang or "und"] = counts.get(lang or "und", 0) + 1
+    assert {k: v for k, v in stats.counts.items() if v} == counts
+    for lang, s in sums.items():
+        assert np.allclose(stats.sums[lang], s, atol=1e-4), lang
+
+
+def _start(args: list[str], **kw: Any) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_child_env(), **kw)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", (line, proc.stderr.read() if proc.stderr else "")
+    return proc
+
+
+@pytest.mark.parametrize("store_name", STORES)
+def test_killed_indexer_always_leaves_a_committed_state(tmp_path: Path, store_name: str) -> None:
+    """SIGKILL the indexer at random points, 50 times over a changing corpus: every time, the
+    index opens as exactly a committed state; resumed to the end, it equals a clean build."""
+    rng = random.Random(20261122)
+    corpus, index = tmp_path / "corpus", tmp_path / "index"
+    make_corpus(corpus, rng)
+    # how long a whole run takes here, so that the kills spread over all of it
+    t0 = time.perf_counter()
+    fw.sync(store_name, corpus, tmp_path / "timing", encoder=fw.SlowEncoder(fw.DIM))
+    span = 1.3 * (time.perf_counter() - t0)
+    old: dict[str, tuple[Any, ...]] = {}
+    order, new = expected_docs(corpus)
+    runs, kills, finished, step = 50, 0, 0, 0
+    for _ in range(runs):
+        proc = _start(["sync", store_name, str(corpus), str(index)])
+        time.sleep(rng.uniform(0, span))
+        proc.kill()
+        proc.wait()
+        completed = proc.returncode == 0
+        kills += not completed
+        assert proc.returncode in (0, -9), proc.stderr.read() if proc.stderr else ""
+        if not get_store_class(store_name).exists(str(index), {}):
+            continue  # killed before the index was created: nothing to open
+        st = fw.state(store_name, index)
+        why = committed_state(st["docs"], old, new, order)
+        assert why is None, f"run {_}: {why}"
+        assert st["count"] == len(st["ids"]) == len(set(st["ids"])), "duplicates"
+        check_stats(st)
+        if completed:
+            finished += 1
+            # equal to a clean one-shot build, and a second run changes nothing
+            clean = tmp_path / f"clean{step}"
+            fw.sync(store_name, corpus, clean)
+            cst = fw.state(store_name, clean)
+            assert set(cst["docs"]) == set(st["docs"])
+            assert all(_same(cst["docs"][i], st["docs"][i]) for i in cst["docs"])
+            again = fw.sync(store_name, corpus, index)
+            assert (again.documents, again.removed) == (0, 0)
+            assert fw.state(store_name, index)["manifest"] == st["manifest"]
+            step += 1
+            old = st["docs"]
+            mutate(corpus, rng, step)
+            order, new = expected_docs(corpus)
+    print(f"\n[{store_name}] {runs} runs, {kills} killed, {finished} finished, {step} corpus changes, "
+          "0 failures")
+    assert kills >= 25 and finished >= 3, (kills, finished)
+
+
+def test_interrupted_run_resumes_without_reencoding(tmp_path: Path) -> None:
+    """A run killed half-way is resumed: the committed documents are not encoded again."""
+    rng = random.Random(3)
+    corpus, index = tmp_path / "corpus", tmp_path / "index"
+    make_corpus(corpus, rng, files=20)
+    order, _ = expected_docs(corpus)
+    calls = []
+
+    class Counting(FakeEncoder):
+        def encode_documents(self, texts: list[str], progress: bool | None = None) -> Any:
+            calls.append(len(texts))
+            if sum(calls) > len(order) // 2:
+                raise KeyboardInterrupt  # the user presses Ctrl-C half-way
+            return super().encode_documents(texts, progress)
+
+    with pytest.raises(KeyboardInterrupt):
+        fw.sync("hnswlib", corpus, index, encoder=Counting(fw.DIM))
+    done = fw.state("hnswlib", index)["count"]
+    assert 0 < done < len(order)
+    enc = FakeEncoder(fw.DIM)
+    report = fw.sync("hnswlib", corpus, index, encoder=enc)
+    assert report.unchanged == done and report.documents == len(order) - done
+
+
+# -- write errors -------------------------------------------------------------------------
+
+def _grow(corpus: Path, rng: random.Random) -> None:
+    for i in range(40):
+        (corpus / f"more{i:02d}.txt").write_text(_text(rng, 60))
+
+
+def test_full_disk_keeps_the_last_commit(tmp_path: Path) -> None:
+    """Writes that fail for lack of space (a file size limit: EFBIG) end in a clear error and the
+    last commit still opens, unchanged; hnswlib's silent short write is caught too."""
+    rng = random.Random(5)
+    corpus, index = tmp_path / "corpus", tmp_path / "index"
+    make_corpus(corpus, rng)
+    fw.sync("hnswlib", corpus, index)
+    before = fw.state("hnswlib", index)
+    _grow(corpus, rng)
+    largest = max(f.stat().st_size for f in index.iterdir())
+    proc = subprocess.run([sys.executable, WORKER, "sync", "hnswlib", str(corpus), str(index),
+                           "--fsize", str(largest + 1024)], capture_output=True, text=True,
+                          env=_child_env(), timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "StorageError" in proc.stderr and "last commit is intact" in proc.stderr, proc.stderr
+    after = fw.state("hnswlib", index)  # the commits before the failure stand, nothing else
+    order, new = expected_docs(corpus)
+    assert committed_state(after["docs"], before["docs"], new, order) is None
+    assert set(after["docs"]) != set(new)
+    check_stats(after)
+    # and with space again, the run completes
+    fw.sync("hnswlib", corpus, index)
+    assert set(fw.state("hnswlib", index)["docs"]) == set(new)
+
+
+def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
+    """An index folder the indexer may not write: a clear error, nothing lost. (As root,
+    permissions do not bind, so the child acts as the user nobody.)"""
+    rng = random.Random(6)
+    base = Path(os.environ.get("TMPDIR", "/tmp")) / f"vecplug-ro-{os.getpid()}"
+    base.mkdir(mode=0o755)
+    try:
+        corpus, index = base / "corpus", base / "index"
+        make_corpus(corpus, rng)
+        fw.sync("hnswlib", corpus, index)
+        before = fw.state("hnswlib", index)
+        _grow(corpus, rng)
+        for p in [base, corpus, *corpus.iterdir()]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        index.chmod(0o555)
+        for f in index.iterdir():
+            f.chmod(0o444)
+        nobody = ["--nobody"] if os.geteuid() == 0 else []
+        proc = subprocess.run([sys.executable, WORKER, "sync", "hnswlib", str(corpus), str(index), *nobody],
+                              capture_output=True, text=True, env=_child_env(), timeout=120)
+        assert proc.returncode == 3, proc.stderr
+        assert "StorageError" in proc.stderr or "IndexLockedError" in proc.stderr, proc.stderr
+        assert "ermission denied" in proc.stderr or "read-only" in proc.stderr, proc.stderr
+        index.chmod(0o755)
+        after = fw.state("hnswlib", index)
+        assert after["manifest"] == before["manifest"] and set(after["docs"]) == set(before["docs"])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    from vecplug.adapters.stores.hnsw import HnswStore
+    from vecplug.errors import StorageError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StorageError, match="cannot create the index folder"):
+        HnswStore.create(str(blocker / "index"), fw.DIM, {}, {})
+    # the folder vanishes under an open writer: its commit fails clearly
+    store = HnswStore.create(str(tmp_path / "gone"), fw.DIM, {}, {})
+    from vecplug.adapters.stores import Record
+
+    store.upsert([Record("a", "a", "s", 0, "en")], fw.FakeEncoder(fw.DIM).encode_documents(["a"]))
+    shutil.rmtree(tmp_path / "gone")
+    with pytest.raises(StorageError):
+        store.commit()
+    store.close()
+
+
+# -- corruption -----------------------------------------------------------------------------
+
+def _damage(path: Path, rng: random.Random, case: int) -> str:
+    data = bytearray(path.read_bytes())
+    if case % 2 == 0 or len(data) < 2:
+        cut = rng.randrange(len(data))
+        path.write_bytes(bytes(data[:cut]))
+        return f"truncated {path.name} to {cut} of {len(data)} bytes"
+    where = []
+    for _ in range(rng.randint(1, 3)):
+        pos = rng.randrange(len(data))
+        data[pos] ^= rng.randint(1, 255)
+        where.append(pos)
+    path.write_bytes(bytes(data))
+    return f"flipped {path.name} at {where}"
+
+
+@pytest.mark.parametrize("store_name", ["hnswlib"])
+def test_damaged_files_are_detected_never_a_crash(tmp_path: Path, store_name: str) -> None:
+    """200 truncations and byte flips over every index file, each opened in a child process:
+    the outcome is vecplug's CorruptIndexError or exactly the undamaged answers; never a crash,
+    another error, or a wrong answer."""
+    rng = random.Random(1122)
+    corpus, index = tmp_path / "corpus", tmp_path / "index"
+    make_corpus(corpus, rng, files=30)
+    fw.sync(store_name, corpus, index)
+    queries = [FakeEncoder(fw.DIM).encode_documents([_text(rng, 4)])[0].tolist() for _ in range(6)]
+    qfile = tmp_path / "queries.json"
+    qfile.write_text(json.dumps(queries))
+    expected = fw.probe(store_name, queries, index)
+    expected = json.loads(json.dumps(expected))
+    files = sorted(f.name for f in index.iterdir() if f.is_file() and f.stat().st_size > 0)
+    assert any(f.endswith(".hnsw") for f in files) and "records.sqlite" in files
+    cases, what = [], {}
+    for i in range(200):
+        case = tmp_path / "cases" / f"{i:03d}"
+        shutil.copytree(index, case)
+        what[str(case)] = _damage(case / files[i % len(files)], rng, i)
+        cases.append(str(case))
+    outcomes: dict[str, dict[str, int]] = {f: {"corrupt": 0, "unchanged": 0} for f in files}
+    failures: list[str] = []
+    todo = list(cases)
+    while todo:  # one child probes many cases; if one crashes it, the next child goes on
+        proc = subprocess.run([sys.executable, WORKER, "probe", store_name, str(qfile), *todo[:50]],
+                              capture_output=True, text=True, env=_child_env(), timeout=600)
+        current = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("case "):
+                current = line[5:]
+                continue
+            result = json.loads(line)
+            tally = outcomes[files[cases.index(current) % len(files)]]
+            if "corrupt" in result:
+                tally["corrupt"] += 1
+            elif "ok" in result and result["ok"] == expected:
+                tally["unchanged"] += 1
+            else:
+                failures.append(f"{what[current]}: {str(result)[:300]}")
+            todo.remove(current)
+            current = None
+        if current is not None:  # the child died in this case
+            failures.append(f"{what[current]}: child died ({proc.returncode}): {proc.stderr[-300:]}")
+            todo.remove(current)
+        elif proc.returncode != 0:
+            pytest.fail(f"prober failed: {proc.stderr[-500:]}")
+    table = ", ".join(f"{f}: {o['corrupt']} corrupt / {o['unchanged']} unchanged" for f, o in outcomes.items())
+    print(f"\n[{store_name}] 200 damaged copies ({table}); {len(failures)} failures")
+    assert not failures, "\n".join(failures[:10])
+    # the data files: damage is mostly caught; what is not was in unused bytes (answers unchanged)
+    data = [f for f in files if f.endswith((".hnsw", ".sqlite"))]
+    assert all(outcomes[f]["corrupt"] >= outcomes[f]["unchanged"] for f in data), outcomes
+
+
+# -- one writer, many readers ---------------------------------------------------------------
+
+def test_second_writer_fails_fast_and_a_killed_writer_leaves_no_lock(tmp_path: Path) -> None:
+    from vecplug.adapters.stores.hnsw import HnswStore
+    from vecplug.errors import IndexLockedError
+
+    HnswStore.create(str(tmp_path / "index"), fw.DIM, {}, {}).close()
+    holder = _start(["hold", "hnswlib", str(tmp_path / "index")])
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(IndexLockedError, match="another process is writing"):
+            HnswStore.open(str(tmp_path / "index"), {}, writable=True)
+        assert time.perf_counter() - t0 < 2
+        HnswStore.open(str(tmp_path / "index"), {}).close()  # reading is fine meanwhile
+    finally:
+        holder.kill()
+        holder.wait()
+    HnswStore.open(str(tmp_path / "index"), {}, writable=True).close()  # no manual cleanup
+
+
+def test_readers_in_other_processes_keep_answering_while_a_writer_commits(tmp_path: Path) -> None:
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.hnsw import HnswStore
+
+    enc = FakeEncoder(fw.DIM)
+    store = HnswStore.create(str(tmp_path / "index"), fw.DIM, {}, {})
+    texts = [f"doc {i} " + " ".join(WORDS[i % 7:i % 7 + 5]) for i in range(600)]
+    store.upsert([Record(f"d{i}", t, "s", i, "en") for i, t in enumerate(texts[:20])],
+                 enc.encode_documents(texts[:20]))
+    store.commit()
+    readers = [_start(["read", "hnswlib", str(tmp_path / "index"), "6"]) for _ in range(2)]
+    commits = 0
+    deadline = time.monotonic() + 5
+    i = 20
+    while time.monotonic() < deadline and i < len(texts):
+        batch = range(i, min(i + 20, len(texts)))
+        store.upsert([Record(f"d{j}", texts[j], "s", j, "en") for j in batch],
+                     enc.encode_documents([texts[j] for j in batch]))
+        store.delete([f"d{i - 20}"])  # replaced and removed documents too
+        store.commit()
+        commits += 1
+        i += 20
+    store.close()
+    for r in readers:
+        out, err = r.communicate(timeout=60)
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["n_errors"] == 0, result["errors"]
+        assert result["ok"] > 50 and len(result["counts"]) > 2, result  # it saw new commits
+    assert commits > 5
+
+
+def test_searches_and_updates_in_threads_do_not_crash(tmp_path: Path) -> None:
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.hnsw import HnswStore
+
+    enc = FakeEncoder(fw.DIM)
+    store = HnswStore.create(str(tmp_path / "index"), fw.DIM, {}, {})
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def search() -> None:
+        q = enc.encode_documents(["river mountain"])[0]
+        while not stop.is_set():
+            try:
+                for h in store.search(q, 5):
+                    store.vectors([h.record.id])
+            except KeyError:
+                pass  # the document was deleted between search and lookup: allowed
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=search) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(30):
+            texts = [f"{WORDS[(n + j) % len(WORDS)]} {WORDS[j % 9]} {n}" for j in range(30)]
+            store.upsert([Record(f"t{n}-{j}", t, "s", j, "en") for j, t in enumerate(texts)],
+                         enc.encode_documents(texts))
+            store.delete([f"t{n - 1}-{j}" for j in range(0, 30, 2)])
+            if n % 5 == 4:
+                store.commit()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        store.close()
+    assert not errors, errors[:3]
