@@ -157,3 +157,30 @@ def test_search_modes_debias_and_rerank(corpus: Path, tiny_model: Path, monkeypa
         10 + next(h["score"] for h in plain["hits"] if h["lang"] == "de"), abs=1e-4)
     assert "unknown reranker" in run("search", q, "--rerank", "nope", ok=False).lower()
     assert "int8" in run("search", "--help")
+
+
+def test_verify_finds_damage(corpus: Path, tiny_model: Path) -> None:
+    """vecplug verify passes a sound index and names what is wrong in a damaged one, including
+    damage the fast open does not look for (a file whose size and time were put back)."""
+    import os
+    import sqlite3
+
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    out = run("verify", "--sample", "3")
+    assert "no problems found" in out and "re-encoded 3 documents" in out
+    index = Path(".vecplug")
+    # a record changed behind vecplug's back, with the file's time put back
+    db = index / "records.sqlite"
+    st = db.stat()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE records SET text = 'tampered' WHERE id = 'en.txt#0'")
+    os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns))
+    out = run("verify", "--no-encode", ok=False)
+    assert "record 'en.txt#0' fails its checksum" in out
+    # a damaged graph: vecplug's own error, never a crash
+    graph = next(index.glob("vectors-*.hnsw"))
+    data = bytearray(graph.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    out = run("verify", "--no-encode", ok=False)
+    assert "cannot open" in out and "damaged" in out

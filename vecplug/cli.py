@@ -170,6 +170,26 @@ def info_cmd(as_json: bool, **common: Any) -> None:
                f"updated {m.get('updated', '-')}")
 
 
+@cli.command("verify")
+@_index_options
+@click.option("--sample", type=int, default=32, show_default=True,
+              help="Documents to re-encode and compare with their stored vectors.")
+@click.option("--no-encode", is_flag=True, help="Skip re-encoding (no model needed).")
+@_errors
+def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
+    """Check an index in full (files, checksums, counts, vectors) and say what is wrong."""
+    from vecplug.verify import verify_index
+
+    report = verify_index(_settings(**common), sample=sample, encode=not no_encode)
+    for check in report.checks:
+        click.echo(f"checked  {check}")
+    for problem in report.problems:
+        click.echo(f"PROBLEM  {problem}", err=True)
+    if not report.ok:
+        raise click.ClickException(f"{report.location}: {len(report.problems)} problems")
+    click.echo(f"{report.location}: no problems found")
+
+
 @cli.command("distill")
 @click.option("--teacher", default="me5-small", show_default=True,
               help="Document encoder to distil: built-in name, folder or hub id.")

@@ -217,16 +217,7 @@ class HnswStore(VectorStore):
                 db.execute("PRAGMA journal_mode=WAL")  # indexes made before WAL switch here
                 db.execute("PRAGMA synchronous=FULL")  # a commit is durable once it returns
                 cls._migrate(db)
-            for attempt in range(_OPEN_RETRIES):
-                meta = cls._read_meta(db, path)
-                try:
-                    index = cls._checked_graph(folder, db, meta)
-                    break
-                except FileNotFoundError:
-                    # a writer committed a new generation and removed this one: read again
-                    if attempt == _OPEN_RETRIES - 1:
-                        raise CorruptIndexError(f"{folder / str(meta['hnsw_file'])} is missing: "
-                                                "the index is damaged") from None
+            meta, index = cls._load_current(folder, db)
             store = cls(folder, db, meta, index, writable, lock, options)
             if writable:
                 store._remove_orphans()
@@ -238,6 +229,20 @@ class HnswStore(VectorStore):
         except BaseException:
             db.close()
             raise
+
+    @classmethod
+    def _load_current(cls, folder: Path, db: sqlite3.Connection) -> tuple[dict[str, Any], Any]:
+        """The last commit's record and its checked, loaded graph."""
+        for attempt in range(_OPEN_RETRIES):
+            meta = cls._read_meta(db, folder / DB_NAME)
+            try:
+                return meta, cls._checked_graph(folder, db, meta)
+            except FileNotFoundError:
+                # a writer committed a new generation and removed this one: read again
+                if attempt == _OPEN_RETRIES - 1:
+                    raise CorruptIndexError(f"{folder / str(meta['hnsw_file'])} is missing: "
+                                            "the index is damaged") from None
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:
@@ -391,14 +396,10 @@ class HnswStore(VectorStore):
             return
         rows = self._sql("SELECT value FROM meta WHERE key = 'generation'")
         if rows and json.loads(rows[0][0]) != self._meta["generation"]:
-            for attempt in range(_OPEN_RETRIES):
-                meta = self._read_meta(self._db, self.folder / DB_NAME)
-                try:
-                    index = self._checked_graph(self.folder, self._db, meta)
-                    break
-                except FileNotFoundError:
-                    if attempt == _OPEN_RETRIES - 1:
-                        raise CorruptIndexError(f"the graph of {self.folder} vanished") from None
+            try:
+                meta, index = self._load_current(self.folder, self._db)
+            except sqlite3.Error as exc:
+                raise _sqlite_error(exc, self.folder / DB_NAME) from exc
             self._meta, self._index = meta, index
             self._next_label = int(meta["next_label"])
             self._filter_cache.clear()
@@ -442,9 +443,17 @@ class HnswStore(VectorStore):
         """Everything wrong with the committed files, checked in full (empty: all is well)."""
         with self._mutex:
             try:
-                return self._full_check(self.folder, self._db, self._meta, rows=rows)
+                problems = self._full_check(self.folder, self._db, self._meta, rows=rows)
             except sqlite3.Error as exc:
-                return [str(_sqlite_error(exc, self.folder / DB_NAME))]
+                problems = [str(_sqlite_error(exc, self.folder / DB_NAME))]
+            try:
+                copy = json.loads((self.folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                copy = None
+            if copy != self._meta["manifest"]:
+                problems.append(f"{MANIFEST_NAME} (a copy for people) differs from the committed "
+                                "manifest; the next commit rewrites it")
+            return problems
 
     def search(self, vector: np.ndarray, k: int,
                langs: Sequence[str] | None = None) -> list[StoreHit]:
