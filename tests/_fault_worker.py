@@ -112,14 +112,18 @@ def main(argv: list[str]) -> int:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
             limit = int(argv[argv.index("--fsize") + 1])
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        # everything loaded before "ready": the parent times its kills from there (and, as
+        # nobody, the files may no longer be readable)
+        import hnswlib  # noqa: F401
+
+        import vecplug.adapters.bias  # noqa: F401
+        import vecplug.adapters.stores.hnsw  # noqa: F401
+        import vecplug.adapters.stores.qdrant  # noqa: F401
+        import vecplug.indexer.corpus  # noqa: F401
+        import vecplug.indexer.pipeline  # noqa: F401
+        if store_name == "qdrant":
+            import qdrant_edge  # noqa: F401
         if "--nobody" in argv:  # as root, permissions do not bind: act as the user nobody
-            import hnswlib  # noqa: F401 - everything loaded while the files are still readable
-
-            import vecplug.adapters.bias  # noqa: F401
-            import vecplug.adapters.stores.hnsw  # noqa: F401
-            import vecplug.indexer.corpus  # noqa: F401
-            import vecplug.indexer.pipeline  # noqa: F401
-
             os.setegid(65534)
             os.seteuid(65534)
         print("ready", flush=True)
