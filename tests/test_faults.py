@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -160,6 +161,8 @@ def test_killed_indexer_always_leaves_a_committed_state(tmp_path: Path, store_na
         proc.wait()
         completed = proc.returncode == 0
         kills += not completed
+        # keep most runs killed at a random point but let some finish, however fast the machine
+        span *= 0.85 if completed else 1.04
         assert proc.returncode in (0, -9), proc.stderr.read() if proc.stderr else ""
         if not get_store_class(store_name).exists(str(index), {}):
             continue  # killed before the index was created: nothing to open
@@ -185,7 +188,7 @@ def test_killed_indexer_always_leaves_a_committed_state(tmp_path: Path, store_na
             order, new = expected_docs(corpus)
     print(f"\n[{store_name}] {runs} runs, {kills} killed, {finished} finished, {step} corpus changes, "
           "0 failures")
-    assert kills >= 25 and finished >= 3, (kills, finished)
+    assert kills >= 20 and finished >= 3, (kills, finished)
 
 
 def test_interrupted_run_resumes_without_reencoding(tmp_path: Path) -> None:
@@ -295,22 +298,53 @@ def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
 
 # -- corruption -----------------------------------------------------------------------------
 
-def _damage(path: Path, rng: random.Random, case: int) -> str:
-    data = bytearray(path.read_bytes())
-    if case % 2 == 0 or len(data) < 2:
-        cut = rng.randrange(len(data))
-        path.write_bytes(bytes(data[:cut]))
-        return f"truncated {path.name} to {cut} of {len(data)} bytes"
+def _damage(path: Path, rng: random.Random, case: int, name: str | None = None) -> str:
+    """Truncate ``path`` or flip 1-3 of its bytes, in place (a sparse file stays sparse)."""
+    size, name = path.stat().st_size, name or path.name
+    if case % 2 == 0 or size < 2:
+        cut = rng.randrange(size)
+        os.truncate(path, cut)
+        return f"truncated {name} to {cut} of {size} bytes"
     where = []
-    for _ in range(rng.randint(1, 3)):
-        pos = rng.randrange(len(data))
-        data[pos] ^= rng.randint(1, 255)
-        where.append(pos)
-    path.write_bytes(bytes(data))
-    return f"flipped {path.name} at {where}"
+    with open(path, "r+b") as fh:
+        for _ in range(rng.randint(1, 3)):
+            pos = rng.randrange(size)
+            fh.seek(pos)
+            byte = fh.read(1)[0] ^ rng.randint(1, 255)
+            fh.seek(pos)
+            fh.write(bytes([byte]))
+            where.append(pos)
+    return f"flipped {name} at {where}"
 
 
-@pytest.mark.parametrize("store_name", ["hnswlib"])
+def _copy_sparse(src: str, dst: str) -> None:
+    """shutil.copy2, but holes stay holes: the embedded Qdrant store preallocates files of
+    32 MiB that are mostly holes, and 200 dense copies of them would fill gigabytes."""
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        size, pos = os.fstat(fi.fileno()).st_size, 0
+        while pos < size:
+            try:
+                pos = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(fi.fileno(), pos, os.SEEK_HOLE)
+            fi.seek(pos)
+            fo.seek(pos)
+            while pos < end:
+                block = fi.read(min(end - pos, 1 << 20))
+                fo.write(block)
+                pos += len(block)
+        fo.truncate(size)
+    shutil.copystat(src, dst)
+
+
+def _kind(rel: str) -> str:
+    """How the table groups damaged files: by name at the top of the index folder, by the
+    pattern of the name below it (a Qdrant shard has dozens of files in segment folders)."""
+    return rel if "/" not in rel else "shard/**/" + re.sub(r"\d+", "N", rel.rsplit("/", 1)[1])
+
+
+@pytest.mark.parametrize("store_name", ["hnswlib", pytest.param("qdrant", marks=pytest.mark.slow)])
 def test_damaged_files_are_detected_never_a_crash(tmp_path: Path, store_name: str) -> None:
     """200 truncations and byte flips over every index file, each opened in a child process:
     the outcome is vecplug's CorruptIndexError or exactly the undamaged answers; never a crash,
@@ -324,15 +358,22 @@ def test_damaged_files_are_detected_never_a_crash(tmp_path: Path, store_name: st
     qfile.write_text(json.dumps(queries))
     expected = fw.probe(store_name, queries, index)
     expected = json.loads(json.dumps(expected))
-    files = sorted(f.name for f in index.iterdir() if f.is_file() and f.stat().st_size > 0)
-    assert any(f.endswith(".hnsw") for f in files) and "records.sqlite" in files
+    files = sorted(f.relative_to(index).as_posix() for f in index.rglob("*")
+                   if f.is_file() and f.stat().st_size > 0)
+    if store_name == "hnswlib":
+        assert any(f.endswith(".hnsw") for f in files) and "records.sqlite" in files
+    else:
+        assert "manifest.json" in files and any(f.startswith("shard/segments/") for f in files)
     cases, what = [], {}
     for i in range(200):
         case = tmp_path / "cases" / f"{i:03d}"
-        shutil.copytree(index, case)
-        what[str(case)] = _damage(case / files[i % len(files)], rng, i)
+        shutil.copytree(index, case, copy_function=_copy_sparse)
+        rel = files[i % len(files)]
+        what[str(case)] = _damage(case / rel, rng, i, rel)
         cases.append(str(case))
-    outcomes: dict[str, dict[str, int]] = {f: {"corrupt": 0, "unchanged": 0} for f in files}
+    outcomes: dict[str, dict[str, int]] = {}
+    for f in files:
+        outcomes.setdefault(_kind(f), {"corrupt": 0, "unchanged": 0})
     failures: list[str] = []
     todo = list(cases)
     while todo:  # one child probes many cases; if one crashes it, the next child goes on
@@ -344,7 +385,7 @@ def test_damaged_files_are_detected_never_a_crash(tmp_path: Path, store_name: st
                 current = line[5:]
                 continue
             result = json.loads(line)
-            tally = outcomes[files[cases.index(current) % len(files)]]
+            tally = outcomes[_kind(files[cases.index(current) % len(files)])]
             if "corrupt" in result:
                 tally["corrupt"] += 1
             elif "ok" in result and result["ok"] == expected:
@@ -359,11 +400,14 @@ def test_damaged_files_are_detected_never_a_crash(tmp_path: Path, store_name: st
         elif proc.returncode != 0:
             pytest.fail(f"prober failed: {proc.stderr[-500:]}")
     table = ", ".join(f"{f}: {o['corrupt']} corrupt / {o['unchanged']} unchanged" for f, o in outcomes.items())
-    print(f"\n[{store_name}] 200 damaged copies ({table}); {len(failures)} failures")
+    corrupt = sum(o["corrupt"] for o in outcomes.values())
+    print(f"\n[{store_name}] 200 damaged copies of {len(files)} files: {corrupt} corrupt, "
+          f"{200 - corrupt - len(failures)} unchanged, {len(failures)} failures ({table})")
     assert not failures, "\n".join(failures[:10])
     # the data files: damage is mostly caught; what is not was in unused bytes (answers unchanged)
-    data = [f for f in files if f.endswith((".hnsw", ".sqlite"))]
-    assert all(outcomes[f]["corrupt"] >= outcomes[f]["unchanged"] for f in data), outcomes
+    data = ([f for f in outcomes if f.endswith((".hnsw", ".sqlite"))] if store_name == "hnswlib"
+            else [f for f in outcomes if f.startswith("shard/")])
+    assert data and all(outcomes[f]["corrupt"] >= outcomes[f]["unchanged"] for f in data), outcomes
 
 
 # -- one writer, many readers ---------------------------------------------------------------
