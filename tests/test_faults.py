@@ -247,7 +247,8 @@ def test_full_disk_keeps_the_last_commit(tmp_path: Path) -> None:
     assert set(fw.state("hnswlib", index)["docs"]) == set(new)
 
 
-def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store_name", STORES)
+def test_read_only_folder_is_a_clear_error(tmp_path: Path, store_name: str) -> None:
     """An index folder the indexer may not write: a clear error, nothing lost. (As root,
     permissions do not bind, so the child acts as the user nobody.)"""
     rng = random.Random(6)
@@ -256,22 +257,23 @@ def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
     try:
         corpus, index = base / "corpus", base / "index"
         make_corpus(corpus, rng)
-        fw.sync("hnswlib", corpus, index)
-        before = fw.state("hnswlib", index)
+        fw.sync(store_name, corpus, index)
+        before = fw.state(store_name, index)
         _grow(corpus, rng)
         for p in [base, corpus, *corpus.iterdir()]:
             p.chmod(0o755 if p.is_dir() else 0o644)
         index.chmod(0o555)
-        for f in index.iterdir():
-            f.chmod(0o444)
+        for f in index.rglob("*"):
+            f.chmod(0o555 if f.is_dir() else 0o444)
         nobody = ["--nobody"] if os.geteuid() == 0 else []
-        proc = subprocess.run([sys.executable, WORKER, "sync", "hnswlib", str(corpus), str(index), *nobody],
+        proc = subprocess.run([sys.executable, WORKER, "sync", store_name, str(corpus), str(index), *nobody],
                               capture_output=True, text=True, env=_child_env(), timeout=120)
         assert proc.returncode == 3, proc.stderr
         assert "StorageError" in proc.stderr or "IndexLockedError" in proc.stderr, proc.stderr
         assert "ermission denied" in proc.stderr or "read-only" in proc.stderr, proc.stderr
-        index.chmod(0o755)
-        after = fw.state("hnswlib", index)
+        for f in [index, *index.rglob("*")]:
+            f.chmod(0o755 if f.is_dir() else 0o644)
+        after = fw.state(store_name, index)
         assert after["manifest"] == before["manifest"] and set(after["docs"]) == set(before["docs"])
     finally:
         shutil.rmtree(base, ignore_errors=True)

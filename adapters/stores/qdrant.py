@@ -115,7 +115,8 @@ from vecplug.adapters.stores.qdrant_files import (
     FORMAT, REDO, SHARD, Files, Stats, _check_files, _digest, _engine, _engine_call,
     _files_digest, _meta_checksum, _read_redo, _record_files, _redo_bytes, _sealed, _shard_stats,
     _unsealed, _valid_files)
-from vecplug.fsutil import WriterLock, atomic_write_bytes, atomic_write_json, fsync_path
+from vecplug.fsutil import (WriterLock, atomic_write_bytes, atomic_write_json, fsync_path,
+                            storage_error)
 
 ID_NAMESPACE = uuid.UUID("6f1c7d2e-4b0a-5e8f-9a3c-2d7b1e0f4a65")  # fixed: ids map stably
 META_KEY = "vecplug"
@@ -873,7 +874,11 @@ class QdrantStore(VectorStore):
         b = self._live(write=True)
         merged = {**self._meta["manifest"], **copy.deepcopy(manifest or {})}
         meta = {**self._meta, "manifest": merged}
-        b.commit(meta)  # edge: redo log, shard, then the manifest; server: the manifest
+        try:
+            b.commit(meta)  # edge: redo log, shard, then the manifest; server: the manifest
+        except OSError as exc:  # before the redo file's rename nothing changed; after it, the
+            # next open finishes the commit: either way no committed state is lost
+            raise storage_error(exc, f"cannot commit to {b.where}") from exc
         self._meta = meta
 
     def close(self) -> None:
