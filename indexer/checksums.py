@@ -13,14 +13,9 @@ import struct
 from pathlib import Path
 
 from vecplug.errors import CorruptIndexError
+from vecplug.fsutil import file_sha256
 
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+__all__ = ["file_sha256", "weights_sha256"]
 
 
 def weights_sha256(path: Path) -> str:

@@ -3,6 +3,7 @@ one-writer lock. Below every layer (imports only the errors module)."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,22 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """SHA-256 of a file's bytes, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def json_checksum(obj: dict[str, Any], skip: str = "checksum") -> str:
+    """SHA-256 of a JSON object without its own checksum entry ``skip``: a record that
+    carries a checksum of itself."""
+    body = {k: v for k, v in obj.items() if k != skip}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

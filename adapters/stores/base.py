@@ -109,6 +109,12 @@ class VectorStore(ABC):
     def languages(self) -> dict[str, int]:
         """Number of records per language (``"und"`` for unknown)."""
 
+    def verify(self, rows: bool = True) -> list[str]:
+        """Everything wrong with the index's files, read in full whatever the fast open trusted
+        (empty: all is well); ``rows``: every record too. A store without a check of its own
+        finds nothing to report."""
+        return []
+
     @abstractmethod
     def commit(self, manifest: dict[str, Any] | None = None) -> None:
         """Make every staged change durable and visible at once, with an updated manifest."""

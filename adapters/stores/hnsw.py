@@ -49,7 +49,8 @@ from vecplug.errors import (
     StorageError,
     VecplugError,
 )
-from vecplug.fsutil import WriterLock, atomic_write_json, fsync_path, storage_error
+from vecplug.fsutil import (WriterLock, atomic_write_json, file_sha256, fsync_path, json_checksum,
+                            storage_error)
 
 DB_NAME = "records.sqlite"
 MANIFEST_NAME = "manifest.json"
@@ -80,23 +81,10 @@ def _hnswlib() -> Any:
     return hnswlib
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _row_crc(label: int, rid: str, text: str, source: str, position: int, lang: str | None,
              payload: str) -> str:
     data = json.dumps([label, rid, text, source, position, lang, payload], ensure_ascii=False)
     return hashlib.blake2b(data.encode(), digest_size=8).hexdigest()
-
-
-def _meta_crc(meta: dict[str, Any]) -> str:
-    body = {k: v for k, v in meta.items() if k != "checksum"}
-    return hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
 def _sqlite_error(exc: sqlite3.Error, where: Path) -> VecplugError:
@@ -258,7 +246,7 @@ class HnswStore(VectorStore):
             meta.update({key: json.loads(value) for key, value in rows.items()})
         except ValueError as exc:
             raise CorruptIndexError(f"{path}: damaged commit record: {exc}") from exc
-        if "checksum" in meta and meta["checksum"] != _meta_crc(meta):
+        if "checksum" in meta and meta["checksum"] != json_checksum(meta):
             raise CorruptIndexError(f"{path}: the commit record fails its checksum: the index is damaged")
         if not isinstance(meta.get("manifest"), dict) or not isinstance(meta.get("next_label"), int):
             raise CorruptIndexError(f"{path}: malformed commit record")
@@ -296,7 +284,7 @@ class HnswStore(VectorStore):
             elif meta.get("hnsw_size") is not None and path.stat().st_size != meta["hnsw_size"]:
                 problems.append(f"{path.name} has {path.stat().st_size} bytes, the commit "
                                 f"recorded {meta['hnsw_size']}")
-            elif meta.get("hnsw_sha256") and _sha256(path) != meta["hnsw_sha256"]:
+            elif meta.get("hnsw_sha256") and file_sha256(path) != meta["hnsw_sha256"]:
                 problems.append(f"{path.name} does not match the checksum of its commit")
             elif problem := check_graph_file(path, int(meta["manifest"]["dim"])):
                 problems.append(problem)
@@ -615,10 +603,10 @@ class HnswStore(VectorStore):
                     finally:
                         tmp.unlink(missing_ok=True)
                     meta.update(generation=gen, hnsw_file=name, hnsw_size=written.stat().st_size,
-                                hnsw_sha256=_sha256(written), capacity=self._index.get_max_elements())
+                                hnsw_sha256=file_sha256(written), capacity=self._index.get_max_elements())
                 meta["next_label"] = self._next_label
                 meta["count"] = self.count()
-                meta["checksum"] = _meta_crc(meta)
+                meta["checksum"] = json_checksum(meta)
                 for key, value in meta.items():
                     self._sql("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
                 self._sql("COMMIT")  # <- the commit point

@@ -113,10 +113,10 @@ from vecplug.errors import (CorruptIndexError, IndexLockedError, IndexNotFoundEr
                              MissingDependencyError, VecplugError)
 from vecplug.adapters.stores.qdrant_files import (
     FORMAT, REDO, SHARD, Files, Stats, _check_files, _digest, _engine, _engine_call,
-    _files_digest, _meta_checksum, _read_redo, _record_files, _redo_bytes, _sealed, _shard_stats,
+    _files_digest, _read_redo, _record_files, _redo_bytes, _sealed, _shard_stats,
     _unsealed, _valid_files)
 from vecplug.fsutil import (WriterLock, atomic_write_bytes, atomic_write_json, fsync_path,
-                            storage_error)
+                            json_checksum, storage_error)
 
 ID_NAMESPACE = uuid.UUID("6f1c7d2e-4b0a-5e8f-9a3c-2d7b1e0f4a65")  # fixed: ids map stably
 META_KEY = "vecplug"
@@ -329,7 +329,7 @@ class _Edge:
         sealed = "checksum" in meta or "files" in meta
         if not sealed:  # another tool's, or one vecplug wrote before checksums
             return meta if meta.get("format") == FORMAT else None
-        if meta.get("checksum") != _meta_checksum(meta) or meta.get("format") != FORMAT:
+        if meta.get("checksum") != json_checksum(meta) or meta.get("format") != FORMAT:
             raise CorruptIndexError(f"{MANIFEST} in {folder} fails its checksum: the index is "
                                     "damaged; rebuild it or restore a copy")
         if not _valid_files(meta.get("files")):

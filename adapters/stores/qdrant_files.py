@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from vecplug.errors import CorruptIndexError
+from vecplug.fsutil import json_checksum
 
 if TYPE_CHECKING:
     from vecplug.adapters.stores.qdrant import _Edge
@@ -80,12 +81,6 @@ def _digest(path: str) -> str:
                 raise OSError(f"{path} shrank while being read")
             h.update(b"Z" if block == _ZERO[:len(block)] else b"D" + block)
     return h.hexdigest()
-
-
-def _meta_checksum(meta: dict[str, Any]) -> str:
-    """The manifest's checksum, over everything in it but the checksum itself."""
-    body = {k: v for k, v in meta.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def _files_digest(files: Files) -> str:
@@ -190,7 +185,7 @@ def _engine_call(method: Callable[..., _T]) -> Callable[..., _T]:
 def _sealed(meta: dict[str, Any], files: Files, settled: bool) -> dict[str, Any]:
     """The manifest as written: with the record of the shard files and its own checksum."""
     out = {**_unsealed(meta), "files": files, "settled": settled}
-    out["checksum"] = _meta_checksum(out)
+    out["checksum"] = json_checksum(out)
     return out
 
 
