@@ -59,7 +59,7 @@ def build_tiny_model(folder: Path, seed: int = 0, hidden: int = 32) -> Path:
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok.train_from_iterator(TINY_TEXT * 3, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")),
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")),
                                                  ("[SEP]", tok.token_to_id("[SEP]"))])
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({

@@ -242,6 +242,41 @@ def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | Non
     click.echo(f"search with it: vecplug search QUERY --query-encoder {folder}")
 
 
+@cli.command("train")
+@click.argument("config_file", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--output", help="Folder for the trained model (overrides the config's output).")
+@click.option("--model", help="Base model (overrides the config's model).")
+@click.option("--epochs", type=int, help="Epochs (overrides the config).")
+@click.option("--max-steps", type=int, help="Stop after this many steps in all (overrides the config).")
+@click.option("--seed", type=int, help="Random seed (overrides the config).")
+@click.option("--stop-after", type=int, help="Stop this run after N steps (checkpointed; rerun to resume).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@_errors
+def train_cmd(config_file: str, output: str | None, model: str | None, epochs: int | None,
+              max_steps: int | None, seed: int | None, stop_after: int | None, quiet: bool) -> None:
+    """Fine-tune an encoder or a cross-encoder on the tasks of CONFIG.yaml.
+
+    The result is a Hugging Face model folder that `vecplug index --model`, `vecplug distill
+    --teacher` and `--rerank cross-encoder:FOLDER` take as it is. Interrupted runs resume from
+    their checkpoint when run again with the same config.
+    """
+    from vecplug.training import run_training
+
+    overrides = {"output": output, "model": model, "epochs": epochs, "max_steps": max_steps, "seed": seed}
+    report = run_training(config_file, overrides, progress=not quiet, log=lambda m: click.echo(m, err=True),
+                          command="vecplug " + " ".join(sys.argv[1:]), stop_after=stop_after)
+    if report is None:
+        click.echo(f"stopped after {stop_after} steps; run the same command again to resume")
+        return
+    click.echo(f"model: {report.folder} ({report.steps} steps, {report.seconds / 60:.1f} min)")
+    if report.evaluations:
+        first, last = report.evaluations[0], report.evaluations[-1]
+        for name in last:
+            if name != "step":
+                click.echo(f"{name}: before {json.dumps(first.get(name), ensure_ascii=False)}")
+                click.echo(f"{' ' * len(name)}  after  {json.dumps(last[name], ensure_ascii=False)}")
+
+
 @cli.group("models")
 def models_group() -> None:
     """Built-in and cached models."""

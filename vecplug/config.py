@@ -134,6 +134,20 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], where)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return _apply(tp(), value, where)
+    if origin is tuple and args and dataclasses.is_dataclass(args[0]):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict or tp is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
     if origin is tuple:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -226,3 +240,13 @@ def load_settings(config_file: str | Path | None = None,
             current = getattr(settings, section)
             settings = dataclasses.replace(settings, **{section: _apply(current, values, f"{where}: {section}")})
     return settings.validate()
+
+
+def load_train_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A :class:`~vecplug.indexer.train_config.TrainConfig` from YAML (unknown keys rejected at
+    every level), then ``overrides`` (flags; ``None`` values ignored)."""
+    from vecplug.indexer.train_config import TrainConfig
+
+    config = _apply(TrainConfig(), read_yaml(path), str(path))
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return _apply(config, given, "options") if given else config

@@ -1,0 +1,386 @@
+"""``vecplug train``: multi-task fine-tuning of a document encoder or a cross-encoder.
+
+The methods of the seed papers: each task is a dataset with a loss (in-batch ranking, triplet
+with batch-all / hard / semi-hard negatives, cross-entropy on the cosine, smooth ordinal loss,
+supervised SimCSE; pointwise / RankNet / listwise for cross-encoders); tasks are interleaved by
+a schedule (sequential, random, proportional to their sizes: the Microsoft paper's best);
+batches are composed by language (X-Y, X-X-mono) or group (LAReQA; Reimers & Gurevych).
+
+The run is seeded and resumable: a checkpoint every ``checkpoint_every`` steps in
+``<output>.train-work/`` is picked up by the same command with the same config and data.
+The result is a Hugging Face model folder (``model.safetensors``, tokenizer, ``config.json``)
+plus ``vecplug.json`` recording its parent, prefixes, data, config and evaluations, so that
+``vecplug index --model``, ``vecplug distill --teacher`` and the cross-encoder reranker take it
+as it is. It is written to a temporary folder and renamed into place: never half-written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vecplug.errors import ConfigError
+from vecplug.indexer.train_config import KINDS, MINING, TASK_FORMATS, TaskConfig, TrainConfig
+from vecplug.types import Problem
+
+WORK = ".train-work"
+Evaluator = Callable[[Any], Mapping[str, float]]
+
+
+@dataclass
+class TaskData:
+    name: str
+    config: TaskConfig
+    train: list[Any]
+    held_out: list[Any]
+    record: dict[str, Any]
+
+
+@dataclass
+class TrainReport:
+    folder: Path
+    steps: int
+    seconds: float
+    losses: list[float] = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    resumed_at: int = 0
+
+
+# -- checking the config ---------------------------------------------------------------
+
+def validate(config: TrainConfig) -> None:
+    """Refuse a config that cannot run, before any model is loaded."""
+    from vecplug.indexer.batching import COMPOSITIONS, SCHEDULES
+    from vecplug.indexer.losses import check_options, get_loss
+
+    def bad(message: str) -> ConfigError:
+        return ConfigError(f"train config: {message}")
+
+    if config.kind not in KINDS:
+        raise bad(f"kind '{config.kind}' is not one of {', '.join(KINDS)}")
+    if not config.output:
+        raise bad("output (the folder to write the trained model to) is required")
+    if not config.tasks:
+        raise bad("at least one task is required")
+    if config.schedule not in SCHEDULES:
+        raise bad(f"schedule '{config.schedule}' is not one of {', '.join(SCHEDULES)}")
+    for name, value in (("epochs", config.epochs), ("batch_size", config.batch_size),
+                        ("max_length", config.max_length), ("checkpoint_every", config.checkpoint_every)):
+        if value < 1:
+            raise bad(f"{name} must be at least 1, got {value}")
+    if config.batch_size < 2:
+        raise bad("batch_size must be at least 2 (in-batch negatives)")
+    if not config.learning_rate > 0 or not 0 <= config.warmup < 1 or config.max_grad_norm <= 0:
+        raise bad("learning_rate and max_grad_norm must be positive and warmup in [0, 1)")
+    if not 0 <= config.eval.held_out < 0.5:
+        raise bad(f"eval.held_out must be in [0, 0.5), got {config.eval.held_out}")
+    names = set()
+    for i, task in enumerate(config.tasks):
+        where = f"task {i + 1} ({task.name or task.data})"
+        if not task.data:
+            raise bad(f"{where}: data (a file or folder) is required")
+        if task.format not in TASK_FORMATS:
+            raise bad(f"{where}: format '{task.format}' is not one of {', '.join(TASK_FORMATS)}")
+        spec = get_loss(task.loss)
+        if spec.model != ("cross" if config.kind == "cross-encoder" else "bi"):
+            raise bad(f"{where}: the loss '{task.loss}' is for {spec.model}-encoders, "
+                      f"this config trains a {config.kind}")
+        check_options(task.loss, dict(task.options))
+        labelled = task.loss in ("cosine_bce", "smooth_ordinal")
+        if labelled != (task.format == "labelled") and task.loss != "pointwise_bce":
+            raise bad(f"{where}: the loss '{task.loss}' needs "
+                      f"{'labelled pairs (format: labelled)' if labelled else 'pairs, triplets, query or tatoeba data'}")
+        if task.composition not in COMPOSITIONS:
+            raise bad(f"{where}: composition '{task.composition}' is not one of {', '.join(COMPOSITIONS)}")
+        if not 0 <= task.easy_share <= 1:
+            raise bad(f"{where}: easy_share must be in [0, 1]")
+        if task.mine is not None:
+            if task.mine.method not in MINING:
+                raise bad(f"{where}: mine.method '{task.mine.method}' is not one of {', '.join(MINING)}")
+            if task.mine.per_example < 1:
+                raise bad(f"{where}: mine.per_example must be at least 1")
+        if task.list_size < 2:
+            raise bad(f"{where}: list_size must be at least 2")
+        name = task_name(task, i)
+        if name in names:
+            raise bad(f"two tasks are named '{name}'; give them distinct names")
+        names.add(name)
+
+
+def task_name(task: TaskConfig, i: int) -> str:
+    return task.name or f"{Path(task.data).stem or 'task'}-{i + 1}"
+
+
+# -- data ------------------------------------------------------------------------------
+
+def _data_record(task: TaskConfig) -> dict[str, Any]:
+    from vecplug.fsutil import file_sha256
+
+    path = Path(task.data).expanduser()
+    record: dict[str, Any] = {"data": str(task.data), "format": task.format, "loss": task.loss}
+    if path.is_file():
+        record["sha256"] = file_sha256(path)
+    return record
+
+
+def load_tasks(config: TrainConfig, problems: list[Problem], log: Callable[[str], None],
+               embed: Callable[[Sequence[str]], Any] | None = None) -> list[TaskData]:
+    """Every task's examples, split into training and held-out, with mined negatives."""
+    from vecplug.indexer import mining, train_data
+
+    tasks = []
+    for i, task in enumerate(config.tasks):
+        name = task_name(task, i)
+        path = Path(task.data).expanduser()
+        if not path.exists():
+            raise ConfigError(f"task '{name}': {path} does not exist")
+        if task.format == "tatoeba":
+            examples = train_data.load_tatoeba(path, max_pairs=task.max_examples, seed=config.seed,
+                                               langs=list(task.langs) or None)
+        else:
+            found: list[Problem] = []
+            examples = train_data.load_examples(path, task.format, problems=found, fields=dict(task.fields) or None,
+                                                max_examples=task.max_examples, seed=config.seed)
+            problems += found
+            for p in found[:20]:
+                log(f"skipped {p}")
+            if len(found) > 20:
+                log(f"... and {len(found) - 20} more problems in {path}")
+        train, held = train_data.split_held_out(examples, config.eval.held_out, config.seed)
+        record = _data_record(task) | {"examples": len(train), "held_out": len(held)}
+        if task.mine is not None:
+            if task.mine.method == "bm25":
+                result = mining.mine_bm25(train, per_example=task.mine.per_example,
+                                          skip_top=task.mine.skip_top, seed=config.seed)
+            else:
+                if embed is None:
+                    raise ConfigError(f"task '{name}': mining with the model needs a bi-encoder")
+                result = mining.mine_with_model(train, embed, per_example=task.mine.per_example,
+                                                skip_top=task.mine.skip_top,
+                                                max_similarity=task.mine.max_similarity)
+            train = list(result.examples)
+            record["mining"] = {"method": task.mine.method, "short": result.short,
+                                "rejected_positives": result.rejected_positives}
+            log(f"task '{name}': mined {task.mine.method} negatives "
+                f"({result.short} examples got fewer than {task.mine.per_example})")
+        if len(train) < 2:
+            raise ConfigError(f"task '{name}': {len(train)} training example(s) in {path}; need at least 2")
+        log(f"task '{name}': {len(train)} training examples, {len(held)} held out")
+        tasks.append(TaskData(name, task, train, held, record))
+    return tasks
+
+
+def plan_steps(config: TrainConfig, tasks: list[TaskData], log: Callable[[str], None]) -> list[tuple[int, str, list[int]]]:
+    """(epoch, task, example indices) for every step of the run, deterministic given the seed."""
+    from vecplug.indexer.batching import compose_batches, schedule
+
+    steps: list[tuple[int, str, list[int]]] = []
+    by_name = {t.name: t for t in tasks}
+    for epoch in range(config.epochs):
+        batches = {}
+        for t in tasks:
+            c = t.config
+            batches[t.name] = compose_batches(t.train, config.batch_size, composition=c.composition,
+                                              easy_share=c.easy_share, by_group=c.by_group,
+                                              seed=config.seed, epoch=epoch,
+                                              warn=log if epoch == 0 else (lambda m: None))
+        for name, number in schedule({n: len(b) for n, b in batches.items()}, config.schedule,
+                                     seed=config.seed, epoch=epoch):
+            batch = batches[name][number]
+            if len(batch) >= 2 or by_name[name].config.loss in ("cosine_bce", "smooth_ordinal", "pointwise_bce"):
+                steps.append((epoch, name, list(batch)))
+        if config.max_steps is not None and len(steps) >= config.max_steps:
+            break
+    return steps[:config.max_steps] if config.max_steps is not None else steps
+
+
+def _fingerprint(config: TrainConfig, base_checksum: str, tasks: list[TaskData]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in dataclasses.asdict(config).items()
+                         if k not in ("checkpoint_every", "output")}, sort_keys=True, default=str).encode())
+    h.update(base_checksum.encode())
+    for t in tasks:
+        for e in t.train:
+            h.update(json.dumps([e.anchor, e.positives, e.negatives, e.label], ensure_ascii=False).encode())
+    return h.hexdigest()[:16]
+
+
+def _lr(step: int, total: int, base: float, warmup: float) -> float:
+    w = max(1, int(total * warmup))
+    if step < w:
+        return base * (step + 1) / w
+    return base * max(0.0, (total - step) / max(1, total - w))
+
+
+# -- the run ---------------------------------------------------------------------------
+
+def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = lambda s: None,
+          command: str | None = None, evaluators: Mapping[str, Evaluator] | None = None,
+          stop_after: int | None = None) -> TrainReport | None:
+    """Train as ``config`` says and write the model to ``config.output``.
+
+    ``evaluators`` (bi-encoders): name -> function of an encoder view (``encode_queries``,
+    ``encode_documents``) returning metrics; run before training, every ``eval.every`` steps and
+    at the end, beside the held-out measures. ``stop_after``: end this run after that many
+    steps (checkpointed) and return None: a time box, and how tests interrupt a run.
+    """
+    import numpy as np
+    import torch
+    from tqdm.auto import tqdm
+
+    from vecplug.indexer import checkpoint
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.train_eval import evaluate_held_out
+    from vecplug.indexer.train_models import EncoderView, TrainableModel
+    from vecplug.indexer.train_step import loss_of
+
+    validate(config)
+    started = time.perf_counter()
+    out = Path(config.output).expanduser()
+    info = resolve_model(config.model)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    model = TrainableModel(info, config.kind, config.max_length, config.layers,
+                           config.freeze_word_embeddings)
+    problems: list[Problem] = []
+    embed = None
+    if config.kind == "bi-encoder":
+        embed = lambda texts: model.embed_all(list(texts), model.prefix("document"))  # noqa: E731
+    tasks = load_tasks(config, problems, log, embed)
+    key = _fingerprint(config, info.checksum, tasks)
+    if out.exists():
+        meta = _read_json(out / "vecplug.json")
+        if meta.get("training", {}).get("fingerprint") == key:
+            log(f"{out} already holds this training run's result")
+            return TrainReport(out, int(meta["training"]["steps"]), 0.0,
+                               evaluations=list(meta["training"].get("evaluations", [])))
+        raise ConfigError(f"{out} exists and holds something else; remove it or choose another output")
+    plan = plan_steps(config, tasks, log)
+    if not plan:
+        raise ConfigError("the tasks give no training batch")
+    by_name = {t.name: t for t in tasks}
+    total = len(plan)
+    params = {n: p for n, p in model.model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW(list(params.values()), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay)
+    work = out.parent / f"{out.name}{WORK}"
+    step, losses, evaluations = 0, [], []
+    state = checkpoint.load(work, key, params, optimizer)
+    if state is not None:
+        step, losses, evaluations = int(state["step"]), list(state["losses"]), list(state["evaluations"])
+        log(f"resuming at step {step} of {total}")
+    resumed_at = step
+
+    def run_evaluation(at: int) -> None:
+        result: dict[str, Any] = {"step": at, "held_out": evaluate_held_out(model, tasks)}
+        if config.kind == "bi-encoder":
+            for name, fn in (evaluators or {}).items():
+                result[name] = dict(fn(EncoderView(model)))
+        evaluations.append(result)
+        log(f"evaluation at step {at}: {json.dumps(result, ensure_ascii=False)}")
+
+    if step == 0:
+        run_evaluation(0)
+    model.model.train()
+    first = step
+    bar = tqdm(total=total, initial=step, desc=f"training {config.kind}", disable=not progress)
+    while step < total:
+        epoch, name, batch = plan[step]
+        task = by_name[name]
+        torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: the same after a resume
+        loss = loss_of(model, task.config, [task.train[i] for i in batch])
+        for g in optimizer.param_groups:
+            g["lr"] = _lr(step, total, config.learning_rate, config.warmup)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), config.max_grad_norm)
+        optimizer.step()
+        value = float(loss.item())
+        if not math.isfinite(value):
+            raise ConfigError(f"the loss of task '{name}' became {value} at step {step}; "
+                              "lower the learning rate or check the data")
+        losses.append(round(value, 6))
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", task=name)
+        if config.eval.every and step % config.eval.every == 0 and step < total:
+            run_evaluation(step)
+            model.model.train()
+        if step < total and (step % config.checkpoint_every == 0
+                             or (stop_after is not None and step - first >= stop_after)):
+            checkpoint.save(work, params, optimizer, {"key": key, "step": step, "losses": losses,
+                                                       "evaluations": evaluations})
+            if stop_after is not None and step - first >= stop_after:
+                bar.close()
+                return None
+    bar.close()
+    run_evaluation(step)
+    seconds = time.perf_counter() - started
+    record = {
+        "command": command or " ".join(sys.argv),
+        "config": dataclasses.asdict(config),
+        "fingerprint": key,
+        "tasks": {t.name: t.record for t in tasks},
+        "problems": len(problems),
+        "steps": step,
+        "final_loss": float(np.mean(losses[-50:])) if losses else None,
+        "seconds": round(seconds, 1),
+        "resumed_at": resumed_at or None,
+        "evaluations": evaluations,
+        "losses_every_10": losses[::10],
+    }
+    _write_model(model, out, config, record)
+    shutil.rmtree(work, ignore_errors=True)
+    return TrainReport(out, step, seconds, losses, evaluations, problems, resumed_at)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_model(model: Any, out: Path, config: TrainConfig, record: dict[str, Any]) -> None:
+    """Save as a Hugging Face folder plus ``vecplug.json``; a temporary folder renamed at the end."""
+    from vecplug.fsutil import fsync_path
+    from vecplug.indexer.checksums import weights_sha256
+
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.model.save_pretrained(str(tmp), safe_serialization=True)
+    model.tokenizer.save_pretrained(str(tmp))
+    for leftover in tmp.glob("*.bin"):  # safetensors only: no pickle in our folders
+        leftover.unlink()
+    weights = sorted(tmp.glob("*.safetensors"))
+    info = model.info
+    meta: dict[str, Any] = {
+        "name": out.name,
+        "kind": "vecplug cross-encoder" if config.kind == "cross-encoder" else "vecplug fine-tuned encoder",
+        "parent": {"model": config.model, "checksum": info.checksum,
+                   "parent": _read_json(Path(info.path) / "vecplug.json").get("parent")},
+        "layers": model.layers,
+        "training": record,
+    }
+    if len(weights) == 1:
+        meta["weights_sha256"] = weights_sha256(weights[0])
+    if config.kind == "bi-encoder":
+        meta |= {"query_prefix": info.query_prefix, "document_prefix": info.document_prefix,
+                 "pooling": "mean", "normalize": True}
+    (tmp / "vecplug.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    for f in tmp.iterdir():
+        fsync_path(f)
+    os.replace(tmp, out)
+    fsync_path(out.parent)

@@ -1,0 +1,89 @@
+"""Held-out evaluation during training.
+
+For each task, on the examples kept out of training:
+
+* bi-encoder, pairs: each anchor ranks every held-out positive; accuracy@1 and MRR@10 of its
+  own, and Wang & Isola's alignment (mean squared distance of positive pairs; lower is better)
+  and uniformity (log of the mean Gaussian potential between all vectors; lower is better);
+* bi-encoder, labelled pairs: mean cosine of the pairs labelled relevant minus that of the
+  others (the wider the gap, the better the labels are separated);
+* cross-encoder: each anchor's positive among up to 9 other held-out positives, MRR@10.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _mrr(rank_of_own: np.ndarray, k: int = 10) -> float:
+    return float(np.mean(np.where(rank_of_own < k, 1.0 / (rank_of_own + 1), 0.0)))
+
+
+def _bi_pairs(model: Any, task: Any) -> dict[str, float]:
+    from vecplug.indexer.losses import alignment, uniformity
+
+    held = task.held_out
+    c = task.config
+    anchors = model.embed_all([e.anchor for e in held], model.prefix(c.anchor_prefix))
+    texts = sorted({e.positives[0] for e in held})
+    where = {t: i for i, t in enumerate(texts)}
+    docs = model.embed_all(texts, model.prefix(c.other_prefix))
+    own = np.array([where[e.positives[0]] for e in held])
+    scores = anchors @ docs.T
+    # rank of the own positive: how many texts score strictly higher
+    rank = (scores > scores[np.arange(len(held)), own][:, None]).sum(1)
+    import torch
+
+    a, p = torch.from_numpy(anchors), torch.from_numpy(docs[own])
+    return {"examples": len(held), "accuracy@1": float(np.mean(rank == 0)), "mrr@10": _mrr(rank),
+            "alignment": float(alignment(a, p)), "uniformity": float(uniformity(torch.cat([a, p])))}
+
+
+def _bi_labelled(model: Any, task: Any) -> dict[str, float]:
+    held = task.held_out
+    c = task.config
+    a = model.embed_all([e.anchor for e in held], model.prefix(c.anchor_prefix))
+    b = model.embed_all([e.positives[0] for e in held], model.prefix(c.other_prefix))
+    cos = (a * b).sum(1)
+    labels = np.array([float(e.label) for e in held])
+    top = labels >= labels.max() if len(labels) else labels
+    if top.all() or not top.any():
+        return {"examples": len(held)}
+    return {"examples": len(held), "score_gap": float(cos[top].mean() - cos[~top].mean())}
+
+
+def _cross(model: Any, task: Any) -> dict[str, float]:
+    held = task.held_out
+    pool = [e.positives[0] for e in held]
+    pairs, sizes = [], []
+    for i, e in enumerate(held):
+        others = [pool[(i + j) % len(pool)] for j in range(1, min(10, len(pool)))]
+        others = [o for o in others if o != e.positives[0]]
+        cands = [e.positives[0]] + others
+        pairs += [(e.anchor, d) for d in cands]
+        sizes.append(len(cands))
+    scores = model.score_all(pairs)
+    ranks, at = [], 0
+    for n in sizes:
+        s = scores[at:at + n]
+        ranks.append(int((s[1:] > s[0]).sum()))
+        at += n
+    r = np.array(ranks)
+    return {"examples": len(held), "accuracy@1": float(np.mean(r == 0)), "mrr@10": _mrr(r)}
+
+
+def evaluate_held_out(model: Any, tasks: list[Any]) -> dict[str, dict[str, float]]:
+    """Metrics per task name (tasks with fewer than 2 held-out examples are skipped)."""
+    out = {}
+    for task in tasks:
+        if len(task.held_out) < 2:
+            continue
+        if model.kind == "cross-encoder":
+            if task.config.format != "labelled":
+                out[task.name] = _cross(model, task)
+        elif task.config.format == "labelled":
+            out[task.name] = _bi_labelled(model, task)
+        else:
+            out[task.name] = _bi_pairs(model, task)
+    return out

@@ -1,0 +1,136 @@
+"""The models ``vecplug train`` trains: a bi-encoder (mean pooling, as vecplug encodes) or a
+cross-encoder (a sequence-classification head with one logit), with their tokenisation.
+
+Kept apart from the loop in :mod:`vecplug.indexer.train` so that held-out evaluation and the
+loop share one definition of "what the model says about these texts".
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from vecplug.errors import ModelError
+from vecplug.indexer.models import ModelInfo
+
+
+def _quiet_load(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # "some weights newly initialised" is expected
+    try:
+        return fn(*args, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"could not load {args[0]}: {exc}") from exc
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def keep_layers(model: Any, k: int) -> list[int]:
+    """Cut a BERT/XLM-R style model to ``k`` evenly spread layers (first and last kept)."""
+    from vecplug.indexer.student import pick_layers
+
+    base = getattr(model, model.base_model_prefix, model)
+    try:
+        layers = base.encoder.layer
+    except AttributeError:
+        raise ModelError(f"cannot cut the layers of a {type(model).__name__}") from None
+    chosen = pick_layers(len(layers), k, "spread")
+    base.encoder.layer = torch.nn.ModuleList([layers[i] for i in chosen])
+    model.config.num_hidden_layers = len(chosen)
+    return chosen
+
+
+class TrainableModel:
+    """A tokenizer and a transformer in training; ``kind`` says how texts become scores."""
+
+    def __init__(self, info: ModelInfo, kind: str, max_length: int, layers: int | None = None,
+                 freeze_word_embeddings: bool = True) -> None:
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+        if info.teacher is not None:
+            raise ModelError(f"{info.spec} is a query student (it shares its teacher's vocabulary "
+                             "table); train its teacher, then distil a new student from the result")
+        self.info = info
+        self.kind = kind
+        self.tokenizer = _quiet_load(AutoTokenizer.from_pretrained, str(info.tokenizer_path),
+                                     trust_remote_code=False)
+        if kind == "cross-encoder":
+            self.model = _quiet_load(AutoModelForSequenceClassification.from_pretrained, str(info.path),
+                                     num_labels=1, trust_remote_code=False)
+        else:
+            try:
+                self.model = _quiet_load(AutoModel.from_pretrained, str(info.path),
+                                         trust_remote_code=False, add_pooling_layer=False)
+            except TypeError:  # architectures without a pooler do not take the flag
+                self.model = _quiet_load(AutoModel.from_pretrained, str(info.path), trust_remote_code=False)
+        self.layers = keep_layers(self.model, layers) if layers else None
+        if freeze_word_embeddings:
+            self.model.get_input_embeddings().weight.requires_grad_(False)
+        self.max_length = min(max_length, int(getattr(self.model.config, "max_position_embeddings", 512)))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def prefix(self, which: str) -> str:
+        """``query`` / ``document`` -> the model's prefix; anything else is the prefix itself."""
+        if which == "query":
+            return self.info.query_prefix
+        if which == "document":
+            return self.info.document_prefix
+        return which
+
+    def embed(self, texts: Sequence[str], prefix: str) -> torch.Tensor:
+        """Unit vectors (n, dim) of ``texts``, mean-pooled as :class:`TextEncoder` does."""
+        enc = self.tokenizer([prefix + t for t in texts], truncation=True, max_length=self.max_length,
+                             padding=True, return_tensors="pt", return_token_type_ids=False)
+        hidden = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+        m = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+    def score(self, queries: Sequence[str], docs: Sequence[str]) -> torch.Tensor:
+        """Cross-encoder logits (n,) of (query, doc) pairs; the document side is cut first,
+        as :class:`~vecplug.adapters.rerank.cross_encoder.CrossEncoderReranker` cuts it."""
+        enc = self.tokenizer(list(queries), list(docs), truncation="longest_first",
+                             max_length=self.max_length, padding=True, return_tensors="pt")
+        return self.model(**enc).logits[:, 0]
+
+    @torch.inference_mode()
+    def embed_all(self, texts: Sequence[str], prefix: str, batch: int = 64) -> np.ndarray:
+        """:meth:`embed` in eval mode, batched, sorted by length; numpy float32."""
+        was = self.model.training
+        self.model.eval()
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), int(self.model.config.hidden_size)), dtype=np.float32)
+        for s in range(0, len(order), batch):
+            idx = order[s:s + batch]
+            out[idx] = self.embed([texts[i] for i in idx], prefix).float().numpy()
+        self.model.train(was)
+        return out
+
+    @torch.inference_mode()
+    def score_all(self, pairs: Sequence[tuple[str, str]], batch: int = 64) -> np.ndarray:
+        was = self.model.training
+        self.model.eval()
+        out = np.zeros(len(pairs), dtype=np.float32)
+        for s in range(0, len(pairs), batch):
+            chunk = pairs[s:s + batch]
+            out[s:s + len(chunk)] = self.score([q for q, _ in chunk], [d for _, d in chunk]).float().numpy()
+        self.model.train(was)
+        return out
+
+
+class EncoderView:
+    """The model under training seen as a vecplug encoder (``encode_queries`` /
+    ``encode_documents``), for evaluators such as the XQuAD-R score."""
+
+    def __init__(self, model: TrainableModel) -> None:
+        self.model = model
+
+    def encode_queries(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
+        return self.model.embed_all(texts, self.model.prefix("query"))
+
+    def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
+        return self.model.embed_all(texts, self.model.prefix("document"))

@@ -1,0 +1,301 @@
+"""`vecplug train`: config, validation, the loop (bi- and cross-encoders), resume, outputs that
+the rest of vecplug takes as they are."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.conftest import SHARED, TINY_TEXT
+from vecplug.errors import ConfigError
+
+WORDS = sorted({w for line in TINY_TEXT[:10] for w in line.split()})
+
+
+def write_pairs(path: Path, n: int = 48, seed: int = 0, labelled: bool = False) -> Path:
+    """Synthetic pairs: an anchor of three words and a positive that reorders them (plus a
+    language tag, so batch composition has something to go by)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            words = rng.sample(WORDS, 3)
+            other = list(reversed(words))
+            if labelled:
+                row = {"text1": " ".join(words), "text2": " ".join(other if i % 2 == 0 else rng.sample(WORDS, 3)),
+                       "label": 1 if i % 2 == 0 else 0}
+            else:
+                row = {"anchor": " ".join(words), "positive": " ".join(other),
+                       "anchor_lang": "en", "positive_lang": ["de", "es"][i % 2]}
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_marked_triplets(path: Path, n: int = 48, seed: int = 0) -> Path:
+    """Triplets a tiny random cross-encoder can learn in a few steps: the positive carries a
+    marker word, the negative does not (matching words across the pair takes far longer)."""
+    rng = random.Random(seed)
+    plain = [w for w in WORDS if w != "water"]
+    with open(path, "w", encoding="utf-8") as fh:
+        for _ in range(n):
+            words = rng.sample(plain, 3)
+            fh.write(json.dumps({"anchor": " ".join(words), "positive": " ".join(words[::-1] + ["water"]),
+                                 "negative": " ".join(rng.sample(plain, 3))}, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_config(path: Path, **values: object) -> Path:
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def base_config(tmp_path: Path, model: Path, data: Path, **extra: object) -> dict:
+    config = {"model": str(model), "output": str(tmp_path / "out"), "epochs": 2, "batch_size": 8,
+              "learning_rate": 5e-3, "warmup": 0.0, "max_length": 32, "checkpoint_every": 2,
+              "tasks": [{"name": "pairs", "data": str(data), "format": "pairs", "loss": "ranking",
+                         "composition": "xy"}],
+              "eval": {"held_out": 0.1}}
+    config.update(extra)
+    return config
+
+
+# -- config -----------------------------------------------------------------------------
+
+def test_config_rejects_unknown_keys_at_every_level(tmp_path: Path) -> None:
+    from vecplug.config import load_train_config
+
+    ok = {"model": "m", "output": "o", "tasks": [{"data": "d", "loss": "ranking", "mine": {"method": "bm25"}}]}
+    config = load_train_config(write_config(tmp_path / "a.yaml", **ok))
+    assert config.tasks[0].mine.method == "bm25" and config.tasks[0].options == {}
+    for bad, word in ((dict(ok, epoch=2), "epoch"),
+                      (dict(ok, tasks=[{"data": "d", "los": "x"}]), "los"),
+                      (dict(ok, tasks=[{"data": "d", "mine": {"methd": "x"}}]), "methd"),
+                      (dict(ok, eval={"heldout": 0.1}), "heldout")):
+        with pytest.raises(ConfigError, match=word):
+            load_train_config(write_config(tmp_path / "b.yaml", **bad))
+    with pytest.raises(ConfigError, match="expected a list"):
+        load_train_config(write_config(tmp_path / "c.yaml", **dict(ok, tasks="x")))
+
+
+def test_config_is_safe_yaml_and_flags_override(tmp_path: Path) -> None:
+    from vecplug.config import load_train_config
+
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("model: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_train_config(evil)
+    path = write_config(tmp_path / "a.yaml", model="m", output="o", epochs=3, tasks=[{"data": "d"}])
+    config = load_train_config(path, {"epochs": 1, "seed": None, "output": "elsewhere"})
+    assert (config.epochs, config.seed, config.output) == (1, 0, "elsewhere")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kind": "poly-encoder"}, "kind"),
+    ({"schedule": "roundrobin"}, "schedule"),
+    ({"batch_size": 1}, "batch_size"),
+    ({"output": ""}, "output"),
+    ({"tasks": []}, "at least one task"),
+    ({"tasks": [{"data": "x", "loss": "listwise"}]}, "cross-encoders"),
+    ({"tasks": [{"data": "x", "loss": "cosine_bce", "format": "pairs"}]}, "labelled"),
+    ({"tasks": [{"data": "x", "loss": "ranking", "composition": "zigzag"}]}, "composition"),
+    ({"tasks": [{"data": "x", "loss": "ranking", "options": {"scael": 20}}]}, "scael"),
+    ({"tasks": [{"data": "x", "name": "a"}, {"data": "y", "name": "a"}]}, "distinct"),
+])
+def test_validate_refuses_configs_that_cannot_run(tmp_path: Path, change: dict, message: str) -> None:
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import validate
+
+    values = {"model": "m", "output": "o", "tasks": [{"data": "x"}]} | change
+    config = load_train_config(write_config(tmp_path / "c.yaml", **values))
+    with pytest.raises(ConfigError, match=message):
+        validate(config)
+
+
+# -- the loop on a tiny model -------------------------------------------------------------
+
+def _weights(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_bi_encoder_trains_writes_a_model_vecplug_uses_and_records_it(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.indexer.encoder import TextEncoder
+    from vecplug.indexer.models import resolve_model
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=4))
+    report = run_training(config, progress=False)
+    out = tmp_path / "out"
+    assert report.folder == out and report.steps > 0
+    first, last = np.mean(report.losses[:3]), np.mean(report.losses[-3:])
+    assert last < first, report.losses
+    before, after = report.evaluations[0]["held_out"]["pairs"], report.evaluations[-1]["held_out"]["pairs"]
+    assert {"accuracy@1", "mrr@10", "alignment", "uniformity"} <= set(after)
+    assert after["uniformity"] < before["uniformity"]  # the collapsed untrained space spreads out
+    meta = json.loads((out / "vecplug.json").read_text())
+    assert meta["parent"]["model"] == str(tiny_model)
+    assert meta["training"]["tasks"]["pairs"]["sha256"] and meta["training"]["config"]["epochs"] == 4
+    assert not list(out.glob("*.bin")) and not (tmp_path / "out.train-work").exists()
+    # the result is a model folder vecplug encodes with, different from its parent
+    info = resolve_model(str(out))
+    assert info.checksum == meta["weights_sha256"] != resolve_model(str(tiny_model)).checksum
+    vecs = TextEncoder(info).encode(["wasser kocht"], max_length=16)
+    assert vecs.shape == (1, 32) and np.isclose(np.linalg.norm(vecs), 1.0)
+    # the word table was frozen (the default), the layers were not
+    w_new, w_old = _weights(out), _weights(tiny_model)
+    key = next(k for k in w_new if k.endswith("word_embeddings.weight"))
+    assert np.array_equal(w_new[key], w_old[key])
+    layer = next(k for k in w_new if "layer.0" in k and k.endswith("query.weight"))
+    assert not np.allclose(w_new[layer], w_old[layer])
+    # the same command again finds the result and does nothing
+    again = run_training(config, progress=False)
+    assert again.steps == report.steps and again.seconds == 0.0
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    one = write_config(tmp_path / "one.yaml", **base_config(tmp_path, tiny_model, data,
+                                                             output=str(tmp_path / "one")))
+    two = write_config(tmp_path / "two.yaml", **base_config(tmp_path, tiny_model, data,
+                                                             output=str(tmp_path / "two")))
+    straight = run_training(one, progress=False)
+    assert run_training(two, progress=False, stop_after=3) is None
+    assert (tmp_path / "two.train-work" / "state.json").is_file() and not (tmp_path / "two").exists()
+    assert run_training(two, progress=False, stop_after=2) is None
+    resumed = run_training(two, progress=False)
+    assert resumed.resumed_at == 5 and resumed.losses == straight.losses
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
+
+
+def test_output_holding_something_else_is_refused(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data))
+    with pytest.raises(ConfigError, match="exists"):
+        run_training(config, progress=False)
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+def test_multi_task_labelled_triplet_and_mined_negatives(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.training import run_training
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    labelled = write_pairs(tmp_path / "labelled.jsonl", n=32, seed=1, labelled=True)
+    values = base_config(tmp_path, tiny_model, pairs, epochs=1, schedule="random")
+    values["tasks"] = [
+        {"name": "triplets", "data": str(pairs), "loss": "triplet", "composition": "mono",
+         "options": {"strategy": "semi_hard", "margin": 0.3}, "mine": {"method": "bm25", "per_example": 1}},
+        {"name": "nli", "data": str(labelled), "format": "labelled", "loss": "cosine_bce"},
+    ]
+    report = run_training(write_config(tmp_path / "t.yaml", **values), progress=False)
+    meta = json.loads((report.folder / "vecplug.json").read_text())
+    tasks = meta["training"]["tasks"]
+    assert set(tasks) == {"triplets", "nli"} and tasks["triplets"]["mining"]["method"] == "bm25"
+    assert "score_gap" in report.evaluations[-1]["held_out"]["nli"]
+    assert all(np.isfinite(report.losses))
+
+
+def test_bad_lines_are_reported_and_skipped(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl", n=24)
+    with open(data, "a", encoding="utf-8") as fh:
+        fh.write("{not json\n")
+        fh.write(json.dumps({"anchor": "only an anchor"}) + "\n")
+    config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=1))
+    logged: list[str] = []
+    report = run_training(config, progress=False, log=logged.append)
+    assert len(report.problems) == 2
+    assert {p.line for p in report.problems} == {25, 26}
+    assert any(f"{data}:25" in m for m in logged)
+
+
+def test_cross_encoder_trains_and_reranks(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+    from vecplug.training import run_training
+
+    data = write_marked_triplets(tmp_path / "triplets.jsonl")
+    for loss in ("listwise", "ranknet", "pointwise_bce"):
+        values = base_config(tmp_path, tiny_model, data, kind="cross-encoder", epochs=6, layers=1,
+                             learning_rate=3e-3, output=str(tmp_path / f"ce-{loss}"))
+        values["tasks"][0] |= {"loss": loss, "format": "triplets", "list_size": 2}
+        report = run_training(write_config(tmp_path / f"{loss}.yaml", **values), progress=False)
+        assert np.mean(report.losses[-3:]) < 0.8 * np.mean(report.losses[:3]), (loss, report.losses)
+        assert "mrr@10" in report.evaluations[-1]["held_out"]["pairs"]
+        meta = json.loads((report.folder / "vecplug.json").read_text())
+        assert meta["kind"] == "vecplug cross-encoder" and meta["layers"] == [1]
+        reranker = CrossEncoderReranker(str(report.folder), max_length=32)
+        scores = reranker.score_pairs([("wasser kocht", "water boils"), ("wasser kocht", "lazy dog")])
+        assert scores.shape == (2,) and np.isfinite(scores).all()
+
+
+def test_distill_from_a_trained_model_gives_its_student(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.indexer.distill import DistillConfig, distill
+    from vecplug.indexer.models import resolve_model
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    trained = run_training(write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=1)),
+                           progress=False).folder
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TINY_TEXT) + "\n")
+    student = tmp_path / "student"
+    distill(DistillConfig(teacher=str(trained), layers=1, epochs=1, batch_size=4, texts=(str(texts),)),
+            student, progress=False)
+    info = resolve_model(str(student))
+    assert info.teacher is not None and info.teacher.path == trained.resolve()
+    assert info.teacher.checksum == json.loads((trained / "vecplug.json").read_text())["weights_sha256"]
+
+
+def test_cli_train(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.cli import cli
+
+    data = write_pairs(tmp_path / "pairs.jsonl", n=24)
+    config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=1))
+    result = CliRunner().invoke(cli, ["train", str(config), "-q", "--output", str(tmp_path / "cli-out")])
+    assert result.exit_code == 0, result.output
+    assert "model:" in result.output and "held_out: before" in result.output
+    assert (tmp_path / "cli-out" / "vecplug.json").is_file()
+    bad = write_config(tmp_path / "bad.yaml", **base_config(tmp_path, tiny_model, data, schedule="x"))
+    result = CliRunner().invoke(cli, ["train", str(bad), "-q"])
+    assert result.exit_code != 0 and "schedule" in result.output and "Traceback" not in result.output
+
+
+# -- the real model ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_real_model_few_steps_on_tatoeba_with_xquad_r(tmp_path: Path, built_me5: Path) -> None:
+    """me5-small, a few steps of the worked example's recipe on Tatoeba, XQuAD-R scored."""
+    tatoeba, xquad = SHARED / "data" / "tatoeba", SHARED / "data" / "xquad-r"
+    if not tatoeba.is_dir() or not xquad.is_dir():
+        pytest.skip("../shared/data is absent")
+    from vecplug.indexer.encoder import Encoder
+    from vecplug.training import run_training
+
+    values = {"model": "me5-small", "output": str(tmp_path / "ft"), "epochs": 1, "max_steps": 3,
+              "batch_size": 16, "max_length": 32, "learning_rate": 2e-5,
+              "tasks": [{"data": str(tatoeba), "format": "tatoeba", "loss": "ranking", "composition": "xy",
+                         "max_examples": 200, "options": {"symmetric": True}}],
+              "eval": {"held_out": 0.1, "xquad_r": str(xquad), "xquad_langs": ["en", "de"], "xquad_limit": 10}}
+    report = run_training(write_config(tmp_path / "t.yaml", **values), progress=False)
+    assert report.steps == 3
+    first, last = report.evaluations[0], report.evaluations[-1]
+    for ev in (first, last):
+        assert 0 < ev["xquad_r"]["map@20"] <= 1 and ev["xquad_r"]["questions"] == 20
+    encoder = Encoder.from_specs(str(report.folder))
+    q = encoder.encode_queries(["Wie viele Einwohner hat Berlin?"])
+    d = encoder.encode_documents(["Berlin hat etwa 3,7 Millionen Einwohner.", "Der Hund schläft."])
+    assert q.shape == (1, 384) and (d @ q[0])[0] > (d @ q[0])[1]
