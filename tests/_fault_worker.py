@@ -4,7 +4,11 @@ limit their file sizes, or survive their crashes). Uses the fake encoder of conf
     python _fault_worker.py sync  STORE CORPUS INDEX [--fsize BYTES] [--nobody]
     python _fault_worker.py hold  STORE INDEX            # open for writing, wait to be killed
     python _fault_worker.py probe STORE QUERIES CASE...  # open each index, print what it answers
-    python _fault_worker.py read  STORE INDEX SECONDS    # search in a loop while a writer works
+    python _fault_worker.py read  STORE INDEX SECONDS [DONE]  # search in a loop while a writer
+                                                         # works (and until the commit in DONE)
+    python _fault_worker.py fill  INDEX BATCH [--unchecked]  # qdrant: commit BATCH documents
+                                                         # at a time until the disk is full
+    python _fault_worker.py check INDEX BATCH            # qdrant: is it exactly what fill committed?
 
 Exit status 3: vecplug refused with one of its own errors (printed on stderr).
 """
@@ -23,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import FakeEncoder  # noqa: E402
 
 DIM = 16
+FILL_DIM = 384  # the full-disk test: vectors of a real model's size, so that a disk fills fast
 
 
 def offsets(text: str) -> list[tuple[int, int]]:
@@ -99,6 +104,65 @@ def probe(store_name: str, queries: list[list[float]], index: Path) -> dict[str,
         store.close()
 
 
+def fill_batch(commit: int, batch: int) -> tuple[list[Any], Any]:
+    """The records and vectors of commit number ``commit`` of ``fill`` (deterministic)."""
+    import numpy as np
+
+    from vecplug.adapters.stores import Record
+
+    vecs = np.random.default_rng(commit).standard_normal((batch, FILL_DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    recs = [Record(f"c{commit}-{i}", f"commit {commit} document {i} " + "x" * 100, "fill", i, "en")
+            for i in range(batch)]
+    return recs, vecs
+
+
+def fill(index: Path, batch: int) -> None:
+    """Open (or create) an embedded Qdrant index and commit ``batch`` documents at a time, each
+    commit numbered in the manifest, until a commit fails."""
+    from vecplug.adapters.stores.qdrant import QdrantStore
+
+    if QdrantStore.exists(str(index), {}):
+        store = QdrantStore.open(str(index), {}, writable=True)
+    else:
+        store = QdrantStore.create(str(index), FILL_DIM, {"commits": -1}, {})
+    try:
+        commit = int(store.manifest["commits"]) + 1
+        while True:
+            store.upsert(*fill_batch(commit, batch))
+            store.commit({"commits": commit})
+            print(json.dumps({"commit": commit}), flush=True)
+            commit += 1
+    finally:
+        store.close()
+
+
+def check(index: Path, batch: int) -> dict[str, Any]:
+    """Whether the index holds exactly the documents of fill's commits 0..N, N its manifest's,
+    and what ``verify`` finds."""
+    import numpy as np
+
+    from vecplug.adapters.stores.qdrant import QdrantStore
+
+    store = QdrantStore.open(str(index), {})
+    try:
+        last = int(store.manifest["commits"])
+        want = [fill_batch(c, batch) for c in range(last + 1)]
+        ids = sorted(store.ids())
+        why = None
+        if ids != sorted(r.id for recs, _ in want for r in recs) or store.count() != len(ids):
+            why = f"{len(ids)} documents, {store.count()} counted, {(last + 1) * batch} expected"
+        else:
+            for recs, vecs in want:
+                if store.get([r.id for r in recs]) != recs:
+                    why = f"the records of commit {recs[0].id} differ"
+                elif not np.allclose(store.vectors([r.id for r in recs]), vecs, atol=1e-5):
+                    why = f"the vectors of commit {recs[0].id} differ"
+        return {"commits": last, "count": len(ids), "why": why, "problems": store.verify()}
+    finally:
+        store.close()
+
+
 def main(argv: list[str]) -> int:
     from vecplug.errors import CorruptIndexError, VecplugError
 
@@ -160,14 +224,38 @@ def main(argv: list[str]) -> int:
 
         store = get_store_class(argv[1]).open(argv[2], {})
         stop = time.monotonic() + float(argv[3])
+        done = Path(argv[4]) if len(argv) > 4 else None  # the writer's last commit, when it is done
+        last: list[Any] = [None]  # the commit of the last answer
         ok, errors, counts = 0, [], set()
+        seen: dict[str, int] = {}  # (commit, count, top hits) as answered -> times
         print("ready", flush=True)
         q = np.ones(DIM, np.float32) / np.sqrt(DIM)
-        while time.monotonic() < stop:
+
+        def more() -> bool:
+            """Until SECONDS have passed and, with DONE, the writer's last commit was seen."""
+            if time.monotonic() < stop:
+                return True
+            if done is None or time.monotonic() > stop + 120:
+                return False
+            try:
+                return last[0] != int(done.read_text())
+            except (OSError, ValueError):
+                return True  # the writer is not done yet
+
+        while more():
+            time.sleep(0.001)  # other processes get the CPU too
             try:
                 hits = store.search(q, 5)
+                commit = store.manifest.get("commits")
                 assert hits and len({h.record.id for h in hits}) == len(hits)
-                counts.add(store.count())
+                n = store.count()
+                counts.add(n)
+                # the count belongs to the commit of the hits unless the reader moved between
+                same = store.manifest.get("commits") == commit
+                key = json.dumps([commit, n if same else None,
+                                  [[h.record.id, round(h.score, 5)] for h in hits]])
+                seen[key] = seen.get(key, 0) + 1
+                last[0] = commit
                 ok += 1
                 # the writer may remove a hit in between: a lookup then misses, never fails otherwise
                 store.get([h.record.id for h in hits])
@@ -178,7 +266,23 @@ def main(argv: list[str]) -> int:
                 errors.append(f"{type(exc).__name__}: {exc}")
         store.close()
         print(json.dumps({"ok": ok, "errors": errors[:5], "n_errors": len(errors),
-                          "counts": sorted(counts)}), flush=True)
+                          "counts": sorted(counts), "seen": [json.loads(k) for k in seen]}),
+              flush=True)
+        return 0
+    if cmd in ("fill", "check"):
+        index, batch = Path(argv[1]), int(argv[2])
+        if "--unchecked" in argv:  # the engine meets the full disk itself (it may SIGBUS)
+            from vecplug.adapters.stores import qdrant_edge as edge
+
+            edge._commit_need = lambda *args: 0
+        try:
+            if cmd == "fill":
+                fill(index, batch)
+            else:
+                print(json.dumps(check(index, batch)), flush=True)
+        except VecplugError as exc:
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return 3
         return 0
     raise SystemExit(f"unknown command {cmd}")
 

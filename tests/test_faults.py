@@ -2,8 +2,10 @@
 folders, damaged files, concurrent writers and readers. Child processes run
 ``tests/_fault_worker.py`` with the fake encoder, so every run is fast and deterministic.
 
-The figures these tests print (runs, kills, corruptions tried, failures) are the ones in the
-README's reliability section: ``pytest tests/test_faults.py -s -k "kill or corrupt"``.
+The figures these tests print (runs, kills, corruptions tried, full disks, readers' searches,
+failures) are the ones in the README's reliability section:
+``pytest tests/test_faults.py -s -k "kill or damaged or full_disk or follow"`` (the full-disk
+test mounts a small tmpfs: it needs root, and is skipped otherwise).
 """
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ import re
 import shutil
 import subprocess
 import sys
+import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +136,14 @@ def check_stats(st: dict[str, Any]) -> None:
         assert np.allclose(stats.sums[lang], s, atol=1e-4), lang
 
 
-def _start(args: list[str], **kw: Any) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_child_env(), **kw)
+def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env or _child_env())
+
+
+def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """A worker, once it says that it is ready."""
+    proc = _spawn(args, env)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.strip() == "ready", (line, proc.stderr.read() if proc.stderr else "")
@@ -247,6 +257,113 @@ def test_full_disk_keeps_the_last_commit(tmp_path: Path) -> None:
     assert set(fw.state("hnswlib", index)["docs"]) == set(new)
 
 
+@contextmanager
+def _tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs at ``path``: a disk that really fills up (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
+    path.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def _free_mib(path: Path) -> float:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize / 2**20
+
+
+def _fill_up(path: Path) -> None:
+    """Write ``path`` until the disk is full, to its last block."""
+    block = b"\1" * 65536
+    with open(path, "wb", buffering=0) as fh:
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    fh.write(block[:size])
+            except OSError:
+                pass
+
+
+@pytest.mark.slow
+def test_qdrant_full_disk_is_a_clear_error_and_the_last_commit_opens(tmp_path: Path) -> None:
+    """A disk that really fills up (a 96 MiB tmpfs) under the embedded Qdrant store, whose
+    engine writes through memory maps: there a write past the end of the disk is a SIGBUS, not
+    an error. Commits are refused with a StorageError before they start; a disk filled to its
+    last byte by something else keeps the writer out with a clear error while readers read the
+    last commit from a copy elsewhere; and when the engine meets the full disk itself (the
+    check switched off: it crashes), nothing committed is lost and nothing crashes on open.
+    Every step runs in a child process: a SIGBUS must not take pytest along."""
+    env = {**_child_env(), "TMPDIR": str(tmp_path)}  # readers' copies go off the full disk
+    copies = tmp_path / f"vecplug-qdrant-{os.getuid()}"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, WORKER, *args], capture_output=True, text=True,
+                              env=env, timeout=600)
+
+    def commits(out: str) -> list[int]:
+        return [json.loads(line)["commit"] for line in out.splitlines() if line.startswith("{")]
+
+    def check(index: Path) -> subprocess.CompletedProcess[str]:
+        return run("check", str(index), "1000")
+
+    with _tmpfs(tmp_path / "mnt", "96m") as mnt:
+        index = mnt / "index"
+        # 1. commits of 1,000 documents (384 dimensions) until the space check refuses one
+        proc = run("fill", str(index), "1000")
+        assert proc.returncode == 3, proc.stderr
+        refused = re.search(r"StorageError: not enough free space to commit in \S+: ([\d.]+) MiB "
+                            r"free, about ([\d.]+) MiB needed.*the last commit is intact", proc.stderr)
+        assert refused and float(refused[1]) < float(refused[2]), proc.stderr
+        last = commits(proc.stdout)[-1]
+        assert commits(proc.stdout) == list(range(last + 1)) and last >= 3
+        proc = check(index)
+        assert json.loads(proc.stdout) == {"commits": last, "count": (last + 1) * 1000,
+                                           "why": None, "problems": []}, proc.stderr
+        # 2. the disk filled to its last byte by another file: the writer cannot even open (the
+        # engine writes as it opens), clearly; a reader reads the last commit from a copy
+        _fill_up(mnt / "filler")
+        assert _free_mib(mnt) == 0
+        proc = run("fill", str(index), "1000")
+        assert proc.returncode == 3 and re.search(
+            r"StorageError: .*in \S+index.*0\.0 MiB free", proc.stderr), proc.stderr
+        proc = check(index)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["commits"] == last and json.loads(proc.stdout)["why"] is None
+        # 3. no space check: the engine meets the full disk itself (an error or a SIGBUS)
+        (mnt / "filler").unlink()
+        proc = run("fill", str(index), "1000", "--unchecked")
+        assert proc.returncode in (3, -signal.SIGBUS), proc.stderr
+        assert proc.returncode == -signal.SIGBUS or "StorageError" in proc.stderr, proc.stderr
+        crash = "SIGBUS" if proc.returncode == -signal.SIGBUS else "a StorageError"
+        top = (commits(proc.stdout) or [last])[-1]
+        under_way = (index / "pending.redo").exists()  # the commit that failed got its redo log
+        # opened on the full disk: a clear error (a commit to finish) or the last commit
+        proc = check(index)
+        if proc.returncode == 3:
+            assert re.search(r"StorageError: not enough free space to (finish the last commit|"
+                             r"open the index).*MiB free, about", proc.stderr), proc.stderr
+        else:
+            assert proc.returncode == 0 and json.loads(proc.stdout)["commits"] == top, proc.stderr
+        # with room again: the commit under way is finished, or the one before it stands
+        subprocess.run(["mount", "-o", "remount,size=512m", str(mnt)], check=True)
+        proc = check(index)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == {"commits": top + under_way, "count": (top + under_way + 1) * 1000,
+                                           "why": None, "problems": []}
+        print(f"\n[qdrant full disk] 96 MiB tmpfs, commits of 1,000 x 384: {last + 1} committed, "
+              f"the next refused at {refused[1]} MiB free ({refused[2]} needed); filled to 0: "
+              f"writer refused, reader answered from a copy; unchecked: {top - last} more, then "
+              f"{crash}; reopened: all {top + under_way + 1} "
+              "commits exact, 0 failures")
+    assert not any(copies.iterdir())  # readers removed their copies
+
+
 @pytest.mark.parametrize("store_name", STORES)
 def test_read_only_folder_is_a_clear_error(tmp_path: Path, store_name: str) -> None:
     """An index folder the indexer may not write: a clear error, nothing lost. (As root,
@@ -321,22 +438,11 @@ def _damage(path: Path, rng: random.Random, case: int, name: str | None = None) 
 
 def _copy_sparse(src: str, dst: str) -> None:
     """shutil.copy2, but holes stay holes: the embedded Qdrant store preallocates files of
-    32 MiB that are mostly holes, and 200 dense copies of them would fill gigabytes."""
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
-        size, pos = os.fstat(fi.fileno()).st_size, 0
-        while pos < size:
-            try:
-                pos = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole is left
-                break
-            end = os.lseek(fi.fileno(), pos, os.SEEK_HOLE)
-            fi.seek(pos)
-            fo.seek(pos)
-            while pos < end:
-                block = fi.read(min(end - pos, 1 << 20))
-                fo.write(block)
-                pos += len(block)
-        fo.truncate(size)
+    32 MiB that are mostly holes, and 200 dense copies of them would fill gigabytes. (The
+    store's own copy, which readers beside a writer use.)"""
+    from vecplug.adapters.stores.qdrant_files import _copy_file
+
+    _copy_file(src, dst)
     shutil.copystat(src, dst)
 
 
@@ -414,22 +520,29 @@ def test_damaged_files_are_detected_never_a_crash(tmp_path: Path, store_name: st
 
 # -- one writer, many readers ---------------------------------------------------------------
 
-def test_second_writer_fails_fast_and_a_killed_writer_leaves_no_lock(tmp_path: Path) -> None:
-    from vecplug.adapters.stores.hnsw import HnswStore
+@pytest.mark.parametrize("store_name", STORES)
+def test_second_writer_fails_fast_and_a_killed_writer_leaves_no_lock(tmp_path: Path,
+                                                                       store_name: str) -> None:
     from vecplug.errors import IndexLockedError
 
-    HnswStore.create(str(tmp_path / "index"), fw.DIM, {}, {}).close()
-    holder = _start(["hold", "hnswlib", str(tmp_path / "index")])
+    cls = get_store_class(store_name)
+    index = str(tmp_path / "index")
+    # embedded Qdrant readers beside a writer read a private copy: keep them in tmp_path
+    options = {"snapshot_dir": str(tmp_path / "copies")} if store_name == "qdrant" else {}
+    cls.create(index, fw.DIM, {}, {}).close()
+    holder = _start(["hold", store_name, index])
     try:
         t0 = time.perf_counter()
-        with pytest.raises(IndexLockedError, match="another process is writing"):
-            HnswStore.open(str(tmp_path / "index"), {}, writable=True)
+        with pytest.raises(IndexLockedError, match="another process is writing|open elsewhere"):
+            cls.open(index, options, writable=True)
         assert time.perf_counter() - t0 < 2
-        HnswStore.open(str(tmp_path / "index"), {}).close()  # reading is fine meanwhile
+        reader = cls.open(index, options)  # reading is fine meanwhile
+        assert reader.count() == 0
+        reader.close()
     finally:
         holder.kill()
         holder.wait()
-    HnswStore.open(str(tmp_path / "index"), {}, writable=True).close()  # no manual cleanup
+    cls.open(index, options, writable=True).close()  # no manual cleanup
 
 
 def test_readers_in_other_processes_keep_answering_while_a_writer_commits(tmp_path: Path) -> None:
@@ -461,6 +574,131 @@ def test_readers_in_other_processes_keep_answering_while_a_writer_commits(tmp_pa
         assert result["n_errors"] == 0, result["errors"]
         assert result["ok"] > 50 and len(result["counts"]) > 2, result  # it saw new commits
     assert commits > 5
+
+
+def _top5(state: dict[str, np.ndarray]) -> list[tuple[str, float]]:
+    """The 5 nearest documents of ``state`` to the readers' query, by brute force."""
+    q = np.ones(fw.DIM, np.float32) / np.sqrt(fw.DIM)
+    ids = sorted(state)
+    if not ids:
+        return []
+    scores = np.stack([state[i] for i in ids]) @ q
+    order = np.argsort(-scores, kind="stable")[:6]
+    return [(ids[j], float(scores[j])) for j in order]
+
+
+def _answers_of(state: dict[str, np.ndarray], count: int | None, hits: list[list[Any]]) -> str | None:
+    """Why ``count`` and ``hits`` are not what ``state`` answers (None: they are)."""
+    if count is not None and count != len(state):
+        return f"count {count}, the commit holds {len(state)}"
+    want = _top5(state)
+    if not np.allclose([h[1] for h in hits], [w[1] for w in want[:5]], atol=1e-4):
+        return f"scores {hits} instead of {want[:5]}"
+    tie = len(want) > 5 and want[4][1] - want[5][1] < 1e-4  # the fifth place is a tie
+    got, expected = [h[0] for h in hits], [w[0] for w in want[:5]]
+    if set(got[:4] if tie else got) != set(expected[:4] if tie else expected):
+        return f"hits {got} instead of {expected}"
+    return None
+
+
+@pytest.mark.slow
+def test_qdrant_readers_in_other_processes_follow_a_writer(tmp_path: Path) -> None:
+    """Embedded Qdrant: readers in other processes, opened before or while a writer commits
+    (maybe mid-commit), answer every search with exactly what some commit holds (count and top
+    hits checked against a brute-force model of each commit), never fail, and move to the new
+    commits; they leave no copies behind."""
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore
+
+    enc = FakeEncoder(fw.DIM)
+    (tmp_path / "tmp").mkdir()
+    env = {**_child_env(), "TMPDIR": str(tmp_path / "tmp")}
+    copies = tmp_path / "tmp" / f"vecplug-qdrant-{os.getuid()}"
+    index = str(tmp_path / "index")
+    store = QdrantStore.create(index, fw.DIM, {"commits": 0}, {})
+    texts = [f"doc {i} " + " ".join(WORDS[i % 7:i % 7 + 5]) for i in range(600)]
+    vecs = enc.encode_documents(texts)
+    live: dict[str, np.ndarray] = {}
+    states: dict[int, dict[str, np.ndarray]] = {}
+
+    def commit(k: int, batch: range, gone: list[str]) -> None:
+        store.upsert([Record(f"d{j}", texts[j], "s", j, "en") for j in batch], vecs[list(batch)])
+        store.delete(gone)  # replaced and removed documents too
+        store.commit({"commits": k})
+        live.update((f"d{j}", vecs[j]) for j in batch)
+        for g in gone:
+            live.pop(g, None)
+        states[k] = dict(live)
+
+    commit(1, range(20), [])
+    done = tmp_path / "done"  # the last commit, once the writer is done: readers read till then
+    early = [_start(["read", "qdrant", index, "1", str(done)], env) for _ in range(2)]
+    late: list[subprocess.Popen[str]] = []
+    k, i = 1, 20
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and i < len(texts):
+        k += 1
+        commit(k, range(i, min(i + 20, len(texts))), [f"d{i - 20}"])
+        i += 20
+        if k in (3, 6, 9):  # readers that open while the writer works, perhaps mid-commit
+            late.append(_spawn(["read", "qdrant", index, "1", str(done)], env))
+    store.close()
+    done.write_text(str(k))
+    assert k > 5
+    searches, followed = 0, []
+    for r in early + late:
+        out, err = r.communicate(timeout=120)
+        assert r.returncode == 0, err
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["n_errors"] == 0, result["errors"]
+        for commit_no, count, hits in result["seen"]:
+            assert commit_no in states, commit_no
+            why = _answers_of(states[commit_no], count, hits)
+            assert why is None, f"commit {commit_no}: {why}"
+        seen = {c for c, _, _ in result["seen"]}
+        searches += result["ok"]
+        followed.append(len(seen))
+        assert max(seen) == k, sorted(seen)  # it followed the writer to its last commit
+        if r in early:
+            assert result["ok"] > 50 and len(seen) > 2, sorted(seen)
+    assert not any(copies.iterdir())
+    print(f"\n[qdrant readers] {len(early) + len(late)} reader processes beside a writer that "
+          f"committed {k} times: {searches} searches, each exactly a commit's answer; commits "
+          f"seen per reader: {followed}; 0 failures")
+
+
+@pytest.mark.slow
+def test_qdrant_killed_readers_leave_no_copies_behind(tmp_path: Path) -> None:
+    """Readers beside a writer each copy the shard; a reader killed with SIGKILL cannot remove
+    its copy, and the next reader to open removes it (its owner's lock is gone)."""
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore
+
+    (tmp_path / "tmp").mkdir()
+    env = {**_child_env(), "TMPDIR": str(tmp_path / "tmp")}
+    copies = tmp_path / "tmp" / f"vecplug-qdrant-{os.getuid()}"
+    index = str(tmp_path / "index")
+    writer = QdrantStore.create(index, fw.DIM, {}, {})  # holds the shard throughout
+    try:
+        texts = [f"doc {i}" for i in range(30)]
+        writer.upsert([Record(f"d{i}", t, "s", i, "en") for i, t in enumerate(texts)],
+                      FakeEncoder(fw.DIM).encode_documents(texts))
+        writer.commit()
+        readers = [_start(["read", "qdrant", index, "60"], env) for _ in range(3)]
+        assert len([p for p in copies.iterdir() if p.is_dir()]) == 3
+        for r in readers:
+            r.kill()
+            r.wait()
+        assert len([p for p in copies.iterdir() if p.is_dir()]) == 3  # nobody removed them
+        reader = QdrantStore.open(index, {"snapshot_dir": str(copies)})  # in this process too
+        try:
+            assert reader.count() == 30
+            assert len(list(copies.iterdir())) == 2  # its own copy and lock file, nothing else
+        finally:
+            reader.close()
+        assert not any(copies.iterdir())
+    finally:
+        writer.close()
 
 
 def test_searches_and_updates_in_threads_do_not_crash(tmp_path: Path) -> None:

@@ -37,8 +37,9 @@ the shard's (over-fetched, shadowed points dropped) hits. :meth:`QdrantStore.com
 3. writes ``manifest.json`` atomically, with the record of the shard files (below);
 4. removes ``pending.redo``; 5. stamps the files (below).
 
-Opening (read or write: a shard takes one process at a time anyway) first finishes a
-``pending.redo`` left by a crash: steps 2-4. A redo file only exists complete (it is renamed
+Opening in place (for writing, or for reading while nobody else has the shard: the engine
+lets one process at a time open it) first finishes a ``pending.redo`` left by a crash: steps
+2-4. A redo file only exists complete (it is renamed
 into place after an fsync); it also ends with a SHA-256 of its contents, and one that does not
 match raises :class:`~vecplug.errors.CorruptIndexError` instead of being applied. Its format
 (no pickle): the line ``VECPLUG-REDO/1``, a little-endian u64 header length, a JSON header (``meta``,
@@ -56,7 +57,13 @@ stray errors). What is checked, when:
   :func:`_digest` (SHA-256 over 64 KiB blocks, all-zero blocks as a marker: the engine
   preallocates files of 32 MiB that are mostly holes), and the (mtime_ns, inode) it had when
   hashed, so that a commit re-hashes only the files that changed. The WAL is recorded too:
-  only the engine's updates write it.
+  only the engine's updates write it. Unchanged stats stand for unchanged content only where
+  writes through a memory map move a file's mtime (ext4 does; tmpfs never does: there a record
+  that trusted stats kept stale digests of ten files, so every file is hashed each time; one
+  probe per device and process, 20 ms), and only for files not modified just before they were
+  hashed (within a clock tick, 20 ms; 2 s where times are whole seconds): ``racy`` files are
+  hashed again next time. A writer idle between commits changes no shard file, not even its
+  stats (60 s of searches watched).
 * ``settled`` says whether that record was taken after a reload of the shard. The engine's
   first load after writes tidies its files (folds payload-tracker journals in and deletes
   them, rewrites a point version after deletes, and its config after create); a load of a
@@ -83,6 +90,60 @@ stray errors). What is checked, when:
 * :meth:`QdrantStore.verify` checks the manifest and every file whatever the stamp says, then
   reads every point (its id derives from its ``_id``, its vector is finite) and the count.
 
+One writer, many readers. A second writer fails at once (:class:`~vecplug.errors.IndexLockedError`).
+A reader (``writable=False``) that cannot open the shard in place (another process has it, the
+folder is read-only, or the disk is too full for the engine, which writes as it opens) reads a
+private copy of the last commit instead:
+
+* the files of the manifest's record are copied, holes kept, under ``options["snapshot_dir"]``
+  (default ``$TMPDIR/vecplug-qdrant-<uid>``, a folder of the user's own), each hashed as it is
+  read and compared with its digest; a copy that a commit spoiled (or a ``pending.redo``
+  without the locks below) is taken again, with backoff, for up to ``options["snapshot_wait"]``
+  seconds (30), then IndexLockedError. The reader's own engine loads the copy, so every answer
+  is exactly some commit's, whatever the writer does meanwhile;
+* each read first looks at the manifest's stats; when they changed, a background thread copies
+  the new commit while reads go on from the old copy, and the next read after it is loaded
+  serves it, with its manifest (on a writer committing back to back, readers moved every 2-3
+  commits). A copy that cannot be made (no room) keeps the old one, with a warning;
+* ``copy.lock`` and ``turn.lock`` only help copies succeed: a reader holds ``copy.lock``
+  shared while it copies, and the writer holds it exclusive while it changes shard files
+  (waiting up to 5 s for copies under way); a reader waiting for its copy holds ``turn.lock``
+  shared, which the writer takes before each change, so that waiting readers get their copy
+  between two commits however fast it commits (flock has no queue). Correctness rests on the
+  digests alone: a writer that stops waiting spoils a copy, and the copy is taken again;
+* a copy lives in ``<token>/`` beside ``<token>.lock``, which its reader holds (flock) until it
+  removes both at ``close``; a reader killed before that leaves them, and the next copy taken
+  under the same folder removes them (their lock is free), so they never pile up.
+
+With ``options["snapshot"]`` true, every reader reads a copy, even when the shard is free (it
+first finishes a commit or a settle in place): a long-lived reader then never keeps a writer
+out. A copy costs what the index takes on disk (39 MB at 10k x 384; on tmpfs, where reading a hole
+through a map allocates it, the engine's mapped files take their full size: ~40 MiB more per
+segment), 0.15-0.3 s to open and ~0.4 s to follow a commit at 10k (2 busy CPUs; a search on
+the copy takes 1 ms, as in place): right for laptop-size indexes and a
+few readers; many readers of a big index belong on a Qdrant server. Without the option, a
+reader that gets the shard in place holds it like a writer: a writer that comes later gets
+IndexLockedError.
+
+Free space. The engine writes through memory maps: a write the disk cannot take is a SIGBUS,
+not an error (measured on a full tmpfs: commits, and opens that finished a commit, died of it),
+and its own writes that fail say ``No space left on device`` in a plain Exception. So:
+
+* a commit is refused with a :class:`~vecplug.errors.StorageError` (path, free, needed) before
+  its redo log is written unless 3x the log + 48 MiB are free (measured: the WAL and segments
+  grow by about the log's size each, and a new segment writes its 32 MiB vector chunk, a 4 MiB
+  page and flag files in full: peaks stayed 41 MiB above 3x the log); the engine refuses an
+  ``optimize()`` itself unless twice the segments it rewrites are free, before it changes
+  anything: the commit then stands unoptimised, with a warning;
+* finishing a ``pending.redo`` at open needs the same, a settle (whose reload tidies files in
+  place) 8 MiB, and on tmpfs every load also the holes it will fill: below that, a
+  StorageError (a reader then reads a copy, unless a commit is to be finished); a writer's
+  ``close`` skips a settle that does not fit (the next open does it);
+* the engine's no-space errors become StorageErrors; a commit that fails after its commit point
+  leaves its redo log, the store refuses further writes, and the next open with room finishes
+  it. Left: a disk filled by someone else between the check and the engine's writes can still
+  end in a SIGBUS; the redo log makes that a crash like any other (nothing committed is lost).
+
 Not covered: ``writer.lock`` (empty, only locked) and the stamp (damage costs a full check).
 A change that keeps a file's size, mtime and inode (bit rot, a tool restoring times) passes a
 stamped open; ``verify`` finds it. A shard found with a ``pending.redo`` (a crash mid-commit or
@@ -95,42 +156,23 @@ check +0.06 s, a reader's ``close`` +6 ms, ``verify()`` 0.04 s for the files, 0.
 from __future__ import annotations
 
 import copy
-import json
-import math
-import os
-import shutil
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
-from vecplug.errors import (CorruptIndexError, IndexLockedError, IndexNotFoundError,
-                             MissingDependencyError, VecplugError)
-from vecplug.adapters.stores.qdrant_files import (
-    FORMAT, REDO, SHARD, Files, Stats, _check_files, _digest, _engine, _engine_call,
-    _files_digest, _read_redo, _record_files, _redo_bytes, _sealed, _shard_stats,
-    _unsealed, _valid_files)
-from vecplug.fsutil import (WriterLock, atomic_write_bytes, atomic_write_json, fsync_path,
-                            json_checksum, storage_error)
+from vecplug.adapters.stores.qdrant_edge import UND, _BATCH, Hits, _dense, _Edge, _point_id
+from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
+from vecplug.errors import (CorruptIndexError, IndexNotFoundError, MissingDependencyError,
+                             VecplugError)
+from vecplug.fsutil import atomic_write_bytes, storage_error
 
-ID_NAMESPACE = uuid.UUID("6f1c7d2e-4b0a-5e8f-9a3c-2d7b1e0f4a65")  # fixed: ids map stably
+__all__ = ["QdrantStore", "REDO"]
 META_KEY = "vecplug"
-MANIFEST = "manifest.json"
-LOCK = "writer.lock"  # held (flock) while the shard is open: Qdrant Edge allows one opener
-STAMP = ".verified.json"  # the shard files as last seen matching their checksums (a cache)
-UND = "und"
-_BATCH = 256
 _T = TypeVar("_T")
-Hits = list[tuple[dict[str, Any], float]]
-
-
-def _point_id(doc_id: str) -> str:
-    return str(uuid.uuid5(ID_NAMESPACE, doc_id))
 
 
 def _to_payload(rec: Record) -> dict[str, Any]:
@@ -142,13 +184,6 @@ def _to_record(p: dict[str, Any]) -> Record:
     lang = p.get("lang")
     return Record(p["_id"], p.get("text", ""), p.get("source", ""), int(p.get("position", 0)),
                   None if lang in (None, UND) else lang, dict(p.get("payload") or {}))
-
-
-def _dense(vector: Any) -> list[float]:
-    """A point's vector as a list: the default unnamed vector, however the client wraps it."""
-    if isinstance(vector, dict):
-        vector = vector.get("") if "" in vector else next(iter(vector.values()))
-    return list(getattr(vector, "data", vector))
 
 
 def _is_server(location: str, options: dict[str, Any]) -> bool:
@@ -280,463 +315,6 @@ class _Server:
             self.client.close()
 
 
-class _Edge:
-    """A Qdrant Edge shard embedded in ``<folder>/shard``, with writes staged until commit.
-
-    ``staged`` maps a point id to its new ``(payload, unit vector)``, or to None for a delete:
-    the last write per point wins, so the ops of one commit are independent of order.
-    ``files`` is the record of the shard files that the last commit left (None for an index
-    made before checksums), ``settled`` whether it was taken after a reload of the shard (see
-    :meth:`_settle`); ``checked`` the stats at which each file was last seen to match it;
-    ``sound`` says that the shard is as recorded, so that ``close`` may settle and stamp it.
-    """
-
-    def __init__(self, folder: str, options: dict[str, Any]) -> None:
-        try:
-            import qdrant_edge
-        except ImportError:
-            raise MissingDependencyError("qdrant-edge-py", extra="qdrant",
-                                         purpose="the embedded qdrant store") from None
-        self.q, self.folder, self.where = qdrant_edge, folder, f"folder {folder}"
-        self.path = os.path.join(folder, SHARD)
-        self.redo = os.path.join(folder, REDO)
-        self.stamp = os.path.join(folder, STAMP)
-        self.optimize = bool(options.get("optimize", True))
-        self.shard: Any = None
-        self.lock: WriterLock | None = None
-        self.staged: dict[str, tuple[dict[str, Any], np.ndarray] | None] = {}
-        self._under: dict[str, str] | None = None  # staged point -> its committed lang, if any
-        self.files: Files | None = None
-        self.settled = False
-        self.checked: Stats = {}
-        self.sound = False
-
-    @staticmethod
-    def read_meta(folder: str) -> dict[str, Any] | None:
-        """Our ``manifest.json``, its checksum verified; None when absent or someone else's.
-
-        A manifest with our checksum or file record is ours whatever else it says, so damage
-        to its ``format`` is a CorruptIndexError, not "no index here"."""
-        try:
-            with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
-                meta = json.load(f)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise CorruptIndexError(f"unreadable {MANIFEST} in {folder}: {exc}") from exc
-        if not isinstance(meta, dict):
-            return None
-        sealed = "checksum" in meta or "files" in meta
-        if not sealed:  # another tool's, or one vecplug wrote before checksums
-            return meta if meta.get("format") == FORMAT else None
-        if meta.get("checksum") != json_checksum(meta) or meta.get("format") != FORMAT:
-            raise CorruptIndexError(f"{MANIFEST} in {folder} fails its checksum: the index is "
-                                    "damaged; rebuild it or restore a copy")
-        if not _valid_files(meta.get("files")):
-            raise CorruptIndexError(f"{MANIFEST} in {folder} has a malformed file record")
-        return meta
-
-    def meta(self) -> dict[str, Any] | None:
-        return self.read_meta(self.folder)
-
-    def load(self, recover: bool = True) -> None:
-        """Take the lock, check the shard files against the last commit's record (unless the
-        stamp vouches for them), open the shard, then finish a commit a crash interrupted.
-        ``recover=False``: only open the shard (to prove that nobody else has it)."""
-        if not os.path.isdir(self.path):
-            raise CorruptIndexError(f"{self.where} has no {SHARD}/ directory")
-        # Our own lock first: a second EdgeShard.load of an open shard fails on the engine's
-        # WAL lock only after touching its files (seen: a flush of the first opener then
-        # failed on a short payload-index journal), so a second opener must not get that far.
-        lock = WriterLock(Path(self.folder))
-        try:
-            lock.acquire()
-        except IndexLockedError:
-            raise IndexLockedError(f"the index in {self.folder} is open elsewhere (embedded Qdrant "
-                                   "serves one process at a time)") from None
-        self.lock = lock
-        try:
-            redo = None
-            if recover:
-                for name in os.listdir(self.folder):  # redo files torn before their rename
-                    if name.startswith(f".{REDO}.") and name.endswith(".tmp"):
-                        os.remove(os.path.join(self.folder, name))
-                if os.path.exists(self.redo):  # verified before the engine reads anything
-                    redo = _read_redo(self.redo, self.where)
-                meta = self.meta()  # again, under the lock: the one this open will serve
-                if meta is None:
-                    raise IndexNotFoundError(f"no vecplug qdrant index in {self.where}")
-                self.files, self.settled = meta.get("files"), meta.get("settled") is True
-                if redo is None and self.files is not None:
-                    # with a redo log the shard may be half-way through its ops: the log's own
-                    # checksum protects them, and applying it records fresh checksums
-                    self._check_on_open()
-                if redo is None and self.sound and not self.settled:
-                    # its writer died before closing it: settle it now (the files were just
-                    # checked as that writer left them)
-                    self._settle(_unsealed(meta))
-            if self.shard is None:
-                self.shard = self._engine_load()
-            if redo is not None:
-                self._apply(*redo)
-        except BaseException:
-            self.close()
-            raise
-
-    def _engine_load(self) -> Any:
-        try:
-            with _engine(self.where):
-                return self.q.EdgeShard.load(self.path)
-        except CorruptIndexError:
-            raise
-        except Exception as exc:  # the bindings raise plain Exception
-            if "WouldBlock" in str(exc):  # the WAL lock is held
-                raise IndexLockedError(f"the index in {self.folder} is open elsewhere") from exc
-            raise CorruptIndexError(f"cannot load the shard in {self.folder}: {exc}") from exc
-
-    def _check_on_open(self) -> None:
-        """The shard files against the record, in full unless the stamp vouches for them."""
-        assert self.files is not None
-        stats, odd = _shard_stats(self.path)
-        if not odd and self._stamp_matches(stats):
-            self.checked, self.sound = stats, True
-            return
-        problems, self.checked = _check_files(self.path, self.files, stats, odd, first=True)
-        if problems:
-            raise CorruptIndexError(f"the index in {self.folder} is damaged: {problems[0]}; "
-                                    "rebuild it or restore a copy")
-        self.sound = True
-
-    def _stamp_matches(self, stats: Stats) -> bool:
-        assert self.files is not None
-        try:
-            with open(self.stamp, encoding="utf-8") as f:
-                stamp = json.load(f)
-        except (OSError, ValueError):
-            return False
-        return (isinstance(stamp, dict) and stamp.get("files") == _files_digest(self.files)
-                and stamp.get("stats") == stats and set(stats) == set(self.files))
-
-    def _write_stamp(self) -> None:
-        """Remember the shard files as seen matching their record, so that the next open need
-        not read them in full. A file whose stats changed since it was last checked (the
-        engine touches some on load and close, and rewrites two JSON files with their content
-        unchanged) is hashed again first; one that no longer matches is left out, so the next
-        open checks in full and reports it."""
-        if not (self.sound and self.files is not None):
-            return
-        try:
-            stats, _ = _shard_stats(self.path)
-            good = {rel: st for rel, st in stats.items() if rel in self.files and (
-                self.checked.get(rel) == st or st[0] == self.files[rel]["size"]
-                and _digest(os.path.join(self.path, rel)) == self.files[rel]["digest"])}
-            self.checked = good
-            atomic_write_json(Path(self.stamp), {"files": _files_digest(self.files), "stats": good})
-        except OSError:
-            pass  # only a cache: the next open checks in full
-
-    def _drop_stamp(self) -> None:
-        """Before the shard changes: no stamp may vouch for files that differ from the record."""
-        self.sound = False
-        try:
-            os.remove(self.stamp)
-        except FileNotFoundError:
-            pass
-
-    def create(self, dim: int, meta: dict[str, Any]) -> None:
-        q, manifest = self.q, os.path.join(self.folder, MANIFEST)
-        if os.path.isdir(self.folder):
-            leftovers = all(n in (SHARD, REDO, LOCK) or n.startswith(("." + MANIFEST, "." + REDO, STAMP))
-                            for n in os.listdir(self.folder))
-            if not (leftovers or self.meta() is not None):  # never delete what is not ours
-                raise VecplugError(f"{self.folder} is not empty and not a vecplug qdrant index")
-            try:  # taking the WAL lock proves that nobody has the old index open
-                self.load(recover=False)
-                self.close()
-            except CorruptIndexError:
-                pass  # no shard, or a broken leftover: nothing to protect
-            if os.path.exists(manifest):  # first: a crash half-way leaves no index at all
-                os.remove(manifest)
-            for name in os.listdir(self.folder):  # the old index's redo log must never replay
-                if name == REDO or name.startswith(("." + REDO, STAMP)):
-                    os.remove(os.path.join(self.folder, name))
-            shutil.rmtree(self.path, ignore_errors=True)
-        os.makedirs(self.folder, exist_ok=True)
-        self.lock = WriterLock(Path(self.folder))
-        self.lock.acquire()
-        try:
-            self.shard = q.EdgeShard.create(self.path, q.EdgeConfig(
-                vectors=q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)))
-            with _engine(self.where):
-                self.shard.update(q.UpdateOperation.create_field_index("lang", q.PayloadSchemaType.Keyword))
-                self.shard.flush()
-            self._record(meta, settled=False)
-        except BaseException:
-            self.close()
-            raise
-
-    def save_meta(self, meta: dict[str, Any]) -> None:
-        """Write ``manifest.json`` atomically: temp file, fsync, rename, fsync the folder."""
-        atomic_write_json(Path(self.folder) / MANIFEST, meta)
-
-    def _settle(self, meta: dict[str, Any]) -> None:
-        """Load the shard again (closing it first if open) and record its files as that load
-        left them. The engine's first load after writes tidies its files (folds payload-tracker
-        journals in and deletes them, rewrites a point version after deletes, and its config
-        after create), and a load of a settled shard changes no file's content (measured), so
-        a settled record holds for every later open. Done once per session, at ``close`` (or on
-        open after a writer that died before it): 0.05-0.1 s at 10k. An empty redo log covers the
-        tidying: a crash in it replays an empty commit, which records the files afresh, instead
-        of finding files that differ from the record."""
-        atomic_write_bytes(Path(self.redo), _redo_bytes(
-            meta, [], [], [], np.zeros((0, int(meta["dim"])), dtype=np.float32)))
-        self._drop_stamp()
-        with _engine(self.where):
-            if self.shard is not None:
-                shard, self.shard = self.shard, None
-                shard.close()
-            self.shard = self._engine_load()
-        self._record(meta, settled=True)
-        os.remove(self.redo)
-        fsync_path(Path(self.folder))
-
-    def _record(self, meta: dict[str, Any], settled: bool) -> None:
-        """Write the manifest with a fresh record of the shard files and its checksum, then
-        stamp the files (the writer's view of them needs no check at the next open)."""
-        files = _record_files(self.path, self.files)
-        self.save_meta(_sealed(meta, files, settled))
-        self.files, self.settled, self.sound = files, settled, True
-        self.checked = {rel: [f["size"], f["mtime_ns"], f["inode"]] for rel, f in files.items()}
-        self._write_stamp()
-
-    # -- staging -----------------------------------------------------------------------------
-
-    def upsert(self, ids: list[str], vecs: np.ndarray, payloads: list[dict[str, Any]]) -> None:
-        vecs = np.array(vecs, dtype=np.float32)  # a copy, normalised as Qdrant stores it
-        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-        vecs = np.divide(vecs, norms, out=vecs, where=norms > 0)
-        for i, v, p in zip(ids, vecs, payloads):
-            # JSON round trip: stored by value, as the shard would, and a payload that cannot
-            # be written fails now rather than at commit
-            self.staged[i] = (json.loads(json.dumps(p, ensure_ascii=False)), v)
-        self._under = None
-
-    def delete(self, ids: list[str]) -> None:
-        for i in ids:
-            self.staged[i] = None
-        self._under = None
-
-    @_engine_call
-    def under(self) -> dict[str, str]:
-        """The staged points the shard holds, with their committed language (cached)."""
-        if self._under is None:
-            pids, under = list(self.staged), {}
-            for a in range(0, len(pids), 1000):
-                for p in self.shard.retrieve(pids[a:a + 1000], ["lang"], False):
-                    under[str(p.id)] = (p.payload or {}).get("lang", UND)
-            self._under = under
-        return self._under
-
-    # -- reading: the shard overlaid with the staged writes ------------------------------------
-
-    @_engine_call
-    def search(self, vec: np.ndarray, k: int, langs: list[str] | None) -> Hits:
-        q = self.q
-        shadowed = len(self.under()) if self.staged else 0  # hits that staged writes replace
-        flt = langs and q.Filter(must=[q.FieldCondition("lang", match=q.MatchAny(langs))])
-        res = self.shard.query(q.QueryRequest(query=q.Query.Nearest(vec.tolist()),
-                                              limit=k + shadowed, filter=flt or None,
-                                              with_payload=True))
-        hits = [(p.payload or {}, float(p.score)) for p in res if str(p.id) not in self.staged]
-        if self.staged:
-            unit = vec / max(float(np.linalg.norm(vec)), 1e-30)
-            hits += [(p, float(v @ unit)) for p, v in
-                     (s for s in self.staged.values() if s is not None)
-                     if langs is None or p.get("lang", UND) in langs]
-            hits.sort(key=lambda h: -h[1])
-            hits = [(copy.deepcopy(p), score) for p, score in hits[:k]]
-        return hits[:k]
-
-    @_engine_call
-    def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
-        fresh = [i for i in ids if i not in self.staged]
-        # with_payload/with_vector are required positionals, although the .pyi says optional
-        found = [p.payload or {} for p in self.shard.retrieve(fresh, True, False)] if fresh else []
-        return found + [copy.deepcopy(s[0]) for s in map(self.staged.get, ids) if s is not None]
-
-    @_engine_call
-    def retrieve_vectors(self, ids: list[str]) -> dict[str, list[float]]:
-        fresh = [i for i in ids if i not in self.staged]
-        found = {(p.payload or {})["_id"]: p.vector
-                 for p in self.shard.retrieve(fresh, ["_id"], True)} if fresh else {}
-        found.update((s[0]["_id"], s[1].tolist())
-                     for s in map(self.staged.get, ids) if s is not None)
-        return found
-
-    def scroll_ids(self) -> Iterator[str]:
-        staged = dict(self.staged)  # what is staged now; later writes do not change this scan
-        offset = None
-        while True:
-            with _engine(self.where):
-                points, offset = self.shard.scroll(self.q.ScrollRequest(
-                    offset=offset, limit=1000, with_payload=["_id"], with_vector=False))
-            yield from ((p.payload or {})["_id"] for p in points if str(p.id) not in staged)
-            if offset is None:
-                break
-        yield from (s[0]["_id"] for s in staged.values() if s is not None)
-
-    @_engine_call
-    def count(self) -> int:
-        n = int(self.shard.count(self.q.CountRequest(exact=True)))
-        if self.staged:
-            under = self.under()
-            n += sum(1 for i, s in self.staged.items() if s is not None and i not in under)
-            n -= sum(1 for i, s in self.staged.items() if s is None and i in under)
-        return n
-
-    @_engine_call
-    def facet(self) -> dict[str, int]:
-        hits = self.shard.facet(self.q.FacetRequest("lang", limit=100_000, exact=True))
-        counts = {str(h.value): int(h.count) for h in hits}
-        if self.staged:
-            for lang in self.under().values():
-                counts[lang] = counts.get(lang, 0) - 1
-            for s in self.staged.values():
-                if s is not None:
-                    lang = s[0].get("lang", UND)
-                    counts[lang] = counts.get(lang, 0) + 1
-        return counts
-
-    # -- committing --------------------------------------------------------------------------
-
-    def commit(self, meta: dict[str, Any]) -> None:
-        meta = _unsealed(meta)
-        if not self.staged:  # nothing for the shard: the manifest alone is the commit
-            if self.files is None:  # made before checksums: record them now
-                self._record(meta, settled=False)
-            else:  # same files, same record: the stamp stays valid
-                self.save_meta(_sealed(meta, self.files, self.settled))
-            return
-        deletes = [i for i, s in self.staged.items() if s is None]
-        ups = [(i, s) for i, s in self.staged.items() if s is not None]
-        vecs = (np.stack([s[1] for _, s in ups]) if ups
-                else np.zeros((0, int(meta["dim"])), dtype=np.float32))
-        atomic_write_bytes(Path(self.redo), _redo_bytes(  # <- the commit point (its rename)
-            meta, deletes, [i for i, _ in ups], [s[0] for _, s in ups], vecs))
-        # staged writes stay readable until the shard has them; if this fails, the commit
-        # still happened (its redo file is in place): the next commit or open finishes it
-        try:
-            self._apply(meta, deletes, [i for i, _ in ups], [s[0] for _, s in ups], vecs)
-        finally:
-            self._under = None  # the shard may hold some of the staged points now
-        self.staged = {}
-
-    def _apply(self, meta: dict[str, Any], deletes: list[str], upserts: list[str],
-               payloads: list[dict[str, Any]], vecs: np.ndarray) -> None:
-        """Steps 2-5 of a commit (module docstring); idempotent, so a crash may repeat them."""
-        q = self.q
-        self._drop_stamp()  # from here on the shard may differ from its record
-        with _engine(self.where):
-            for a in range(0, len(deletes), _BATCH):  # unknown ids are no-ops in Qdrant
-                self.shard.update(q.UpdateOperation.delete_points(deletes[a:a + _BATCH]))
-            for a in range(0, len(upserts), _BATCH):
-                self.shard.update(q.UpdateOperation.upsert_points(
-                    [q.Point(i, v.tolist(), p) for i, v, p in
-                     zip(upserts[a:a + _BATCH], vecs[a:a + _BATCH], payloads[a:a + _BATCH])]))
-            self.shard.flush()
-            # (re)builds HNSW for grown segments; ~free when nothing changed, and then it says
-            # so (False) and the second flush (~20 ms) is saved
-            if self.optimize and self.shard.optimize():
-                self.shard.flush()
-        # data first: the manifest never describes writes not yet durable. The record is of
-        # the files as flushed; ``close`` settles it (a reload per commit cost ~0.03-0.08 s)
-        self._record(_unsealed(meta), settled=False)
-        os.remove(self.redo)
-        fsync_path(Path(self.folder))
-
-    def verify(self, rows: bool, dim: int) -> list[str]:
-        """Everything wrong with the committed files, read in full whatever the stamp says:
-        the manifest's checksum, every shard file against its record, and with ``rows`` every
-        point as the engine reads it (its id derives from its ``_id``, its vector is finite)."""
-        try:
-            meta = self.meta()
-        except CorruptIndexError as exc:
-            return [str(exc)]
-        if meta is None:
-            return [f"{MANIFEST} in {self.folder} is gone"]
-        if os.path.exists(self.redo):
-            return [f"a commit is unfinished ({REDO} in {self.folder}): reopen the index to finish it"]
-        files = meta.get("files")
-        if files is None:
-            return [f"the index in {self.folder} has no file checksums (made before them): "
-                    "any commit records them"]
-        stats, odd = _shard_stats(self.path)
-        problems, matching = _check_files(self.path, files, stats, odd)
-        if files == self.files:
-            self.checked.update(matching)
-        if rows and not problems:
-            problems += self._check_points(dim)
-        return problems
-
-    def _check_points(self, dim: int) -> list[str]:
-        problems: list[str] = []
-        offset, n = None, 0
-        try:
-            with _engine(self.where):
-                while True:
-                    points, offset = self.shard.scroll(self.q.ScrollRequest(
-                        offset=offset, limit=1000, with_payload=["_id"], with_vector=True))
-                    for p in points:
-                        n += 1
-                        doc = (p.payload or {}).get("_id")
-                        vec = _dense(p.vector) if p.vector is not None else []
-                        if not isinstance(doc, str) or _point_id(doc) != str(p.id):
-                            problems.append(f"point {p.id} does not belong to its document {doc!r}")
-                        elif len(vec) != dim or not all(map(math.isfinite, vec)):
-                            problems.append(f"the vector of {doc!r} is malformed")
-                    if offset is None:
-                        break
-                count = int(self.shard.count(self.q.CountRequest(exact=True)))
-        except CorruptIndexError as exc:
-            return problems + [str(exc)]
-        except Exception as exc:  # noqa: BLE001 - what the engine says is the finding
-            return problems + [f"the shard in {self.folder} cannot be read in full: {exc}"]
-        if count != n:
-            problems.append(f"the shard counts {count} points, a full scan finds {n}")
-        return problems[:20]
-
-    def close(self) -> None:
-        """Drop staged writes, settle the record if this session committed (see
-        :meth:`_settle`), close the shard, stamp its files and release the lock."""
-        self.staged, self._under = {}, None  # never committed: dropped
-        try:
-            meta = self.meta() if self._settle_due() else None
-            if meta is not None:
-                self._settle(_unsealed(meta))
-            self._close_engine()
-            if self.lock is not None:
-                self._write_stamp()  # after the engine's close, which touches some files
-        finally:
-            try:
-                self._close_engine()  # if the above failed
-            finally:
-                if self.lock is not None:
-                    self.lock, lock = None, self.lock
-                    lock.release()
-
-    def _settle_due(self) -> bool:
-        """The shard is open, as recorded, the record is not settled, and no commit is pending
-        (a failed one leaves its redo log to the next open, which must not be overwritten)."""
-        return (self.shard is not None and self.sound and self.files is not None
-                and not self.settled and not os.path.exists(self.redo))
-
-    def _close_engine(self) -> None:
-        if self.shard is not None:
-            self.shard, shard = None, self.shard
-            with _engine(self.where):
-                shard.close()
-
-
 class QdrantStore(VectorStore):
     """Qdrant as a server collection or an embedded folder (see the module docstring)."""
 
@@ -780,8 +358,10 @@ class QdrantStore(VectorStore):
         b = cls._backend(location, options)
         meta = cls._checked(b, b.meta())  # before any engine file is read: crafted folders stay shut
         if isinstance(b, _Edge):
-            b.load()  # finishes a commit a crash interrupted, which may write the manifest
-            meta = cls._checked(b, b.meta())
+            # finishes a commit a crash interrupted, which may write the manifest; a reader
+            # may get a copy of the last commit instead (module docstring)
+            b.load(reader=not writable)
+            meta = cls._checked(b, b.served or b.meta())
         return cls(b, meta, writable)
 
     @staticmethod
@@ -809,6 +389,16 @@ class QdrantStore(VectorStore):
             raise VecplugError("the qdrant store was opened read-only")
         return self._b
 
+    def _reader(self) -> _Server | _Edge:
+        """The backend, for a read: a reader on a copy first moves to the newest commit, and
+        the manifest with it (the next read after a commit sees it, as hnswlib readers do)."""
+        b = self._live()
+        if isinstance(b, _Edge):
+            meta = b.follow()
+            if meta is not None:
+                self._meta = meta
+        return b
+
     def upsert(self, records: Sequence[Record], vectors: np.ndarray) -> None:
         b = self._live(write=True)
         vecs = np.asarray(vectors, dtype=np.float32)
@@ -827,7 +417,7 @@ class QdrantStore(VectorStore):
 
     def search(self, vector: np.ndarray, k: int,
                langs: Sequence[str] | None = None) -> list[StoreHit]:
-        b = self._live()
+        b = self._reader()
         if k <= 0 or (langs is not None and len(langs) == 0):
             return []  # an empty language list matches nothing
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
@@ -837,7 +427,7 @@ class QdrantStore(VectorStore):
         return [StoreHit(_to_record(p), s) for p, s in b.search(vec, k, wanted)]
 
     def get(self, ids: Sequence[str]) -> list[Record]:
-        b, found = self._live(), {}
+        b, found = self._reader(), {}
         uniq = list(dict.fromkeys(ids))
         for a in range(0, len(uniq), 1000):
             found.update((p["_id"], _to_record(p))
@@ -845,7 +435,7 @@ class QdrantStore(VectorStore):
         return [found[i] for i in ids if i in found]
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        b, found = self._live(), {}
+        b, found = self._reader(), {}
         uniq = list(dict.fromkeys(ids))
         for a in range(0, len(uniq), 1000):
             found.update(b.retrieve_vectors([_point_id(i) for i in uniq[a:a + 1000]]))
@@ -855,13 +445,13 @@ class QdrantStore(VectorStore):
         return np.asarray([_dense(found[i]) for i in ids], dtype=np.float32).reshape(len(ids), self._dim)
 
     def ids(self) -> Iterator[str]:
-        return self._live().scroll_ids()
+        return self._reader().scroll_ids()
 
     def count(self) -> int:
-        return self._live().count()
+        return self._reader().count()
 
     def languages(self) -> dict[str, int]:
-        return {lang: n for lang, n in self._live().facet().items() if n > 0}
+        return {lang: n for lang, n in self._reader().facet().items() if n > 0}
 
     def verify(self, rows: bool = True) -> list[str]:
         """Everything wrong with the committed index, checked in full whatever the stamp says
@@ -874,8 +464,11 @@ class QdrantStore(VectorStore):
         b = self._live(write=True)
         merged = {**self._meta["manifest"], **copy.deepcopy(manifest or {})}
         meta = {**self._meta, "manifest": merged}
-        try:
-            b.commit(meta)  # edge: redo log, shard, then the manifest; server: the manifest
+        try:  # edge: redo log, shard, then the manifest; server: the manifest
+            if isinstance(b, _Edge):
+                b.commit(meta, write=atomic_write_bytes)  # tests tear the redo log through this name
+            else:
+                b.commit(meta)
         except OSError as exc:  # before the redo file's rename nothing changed; after it, the
             # next open finishes the commit: either way no committed state is lost
             raise storage_error(exc, f"cannot commit to {b.where}") from exc
