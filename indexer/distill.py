@@ -76,14 +76,10 @@ class DistillReport:
 
 def tatoeba_pairs(folder: Path) -> list[tuple[str, str, str]]:
     """(language, sentence, English source) for every line-aligned Tatoeba pair."""
+    from vecplug.indexer.train_data import tatoeba_files
+
     pairs = []
-    for other in sorted(folder.glob("tatoeba.*-eng.*")):
-        lang = other.name.split(".")[1].split("-")[0]
-        if other.suffix == ".eng" or lang == "eng":
-            continue
-        eng = other.with_suffix(".eng")
-        if not eng.is_file():
-            continue
+    for lang, other, eng in tatoeba_files(folder):
         xs = other.read_text(encoding="utf-8").splitlines()
         es = eng.read_text(encoding="utf-8").splitlines()
         pairs += [(lang, x.strip(), e.strip()) for x, e in zip(xs, es) if x.strip() and e.strip()]
@@ -159,9 +155,9 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     a time box, and how the tests interrupt a run.
     """
     import torch
-    from safetensors.torch import load_file, save_file
     from tqdm.auto import tqdm
 
+    from vecplug.indexer import checkpoint
     from vecplug.indexer.encoder import TextEncoder
     from vecplug.indexer.models import resolve_model, vecplug_home
     from vecplug.indexer.student import make_head, make_student, pca, pick_layers, save_student
@@ -212,43 +208,19 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         projection = (pca_mean, components)
     params = [p for p in modules.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.01)
-    names = {id(p): n for n, p in modules.named_parameters()}
     input_ids = teacher.tokenize(inputs, prefix, config.max_length)
     steps_per_epoch = math.ceil(len(inputs) / config.batch_size)
     total = steps_per_epoch * config.epochs
 
     step, losses = 0, []
-    state_file, ckpt_file, opt_file = work / "state.json", work / "student.safetensors", work / "optimizer.safetensors"
-    if state_file.is_file():
-        state = json.loads(state_file.read_text())
-        if state.get("key") == key and ckpt_file.is_file():
-            modules.load_state_dict(load_file(str(ckpt_file)), strict=False)
-            saved = load_file(str(opt_file)) if opt_file.is_file() else {}
-            for p in params:
-                n = names[id(p)]
-                if f"{n}.exp_avg" in saved:
-                    optimizer.state[p] = {"step": saved[f"{n}.step"], "exp_avg": saved[f"{n}.exp_avg"],
-                                          "exp_avg_sq": saved[f"{n}.exp_avg_sq"]}
-            step, losses = int(state["step"]), list(state["losses"])
-            log(f"resuming at step {step} of {total}")
+    named = {n: p for n, p in modules.named_parameters() if p.requires_grad}
+    state = checkpoint.load(work, key, named, optimizer)
+    if state is not None:
+        step, losses = int(state["step"]), list(state["losses"])
+        log(f"resuming at step {step} of {total}")
 
-    def checkpoint() -> None:
-        weights = {n: p.detach().contiguous() for n, p in modules.named_parameters() if p.requires_grad}
-        save_file(weights, str(work / "student.tmp"))
-        opt = {}
-        for p in params:
-            st = optimizer.state.get(p)
-            if st:
-                n = names[id(p)]
-                opt.update({f"{n}.step": st["step"].reshape(1).float() if torch.is_tensor(st["step"])
-                            else torch.tensor([float(st["step"])]),
-                            f"{n}.exp_avg": st["exp_avg"].contiguous(), f"{n}.exp_avg_sq": st["exp_avg_sq"].contiguous()})
-        save_file(opt, str(work / "optimizer.tmp"))
-        (work / "student.tmp").replace(ckpt_file)
-        (work / "optimizer.tmp").replace(opt_file)
-        tmp = work / "state.tmp"
-        tmp.write_text(json.dumps({"key": key, "step": step, "losses": losses}))
-        tmp.replace(state_file)  # last: the state names a complete checkpoint
+    def save_checkpoint() -> None:
+        checkpoint.save(work, named, optimizer, {"key": key, "step": step, "losses": losses})
 
     pad = teacher.pad_id
     first_step = step
@@ -294,11 +266,11 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         bar.update(1)
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
         if stop_after is not None and step - first_step >= stop_after and step < total:
-            checkpoint()
+            save_checkpoint()
             bar.close()
             return None
         if step % config.checkpoint_every == 0 and step < total:
-            checkpoint()
+            save_checkpoint()
     bar.close()
 
     seconds = time.perf_counter() - started

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug.errors import ConfigError
-from vecplug.indexer.train_config import KINDS, MINING, TASK_FORMATS, TaskConfig, TrainConfig
+from vecplug.indexer.train_config import FIELD_HEAD_OPTIONS, KINDS, MINING, TASK_FORMATS, TaskConfig, TrainConfig
 from vecplug.types import Problem
 
 WORK = ".train-work"
@@ -85,12 +85,15 @@ def validate(config: TrainConfig) -> None:
         raise bad("learning_rate and max_grad_norm must be positive and warmup in [0, 1)")
     if not 0 <= config.eval.held_out < 0.5:
         raise bad(f"eval.held_out must be in [0, 0.5), got {config.eval.held_out}")
+    if config.kind == "field-head":
+        _validate_field_head(config)
+        return
     names = set()
     for i, task in enumerate(config.tasks):
         where = f"task {i + 1} ({task.name or task.data})"
         if not task.data:
             raise bad(f"{where}: data (a file or folder) is required")
-        if task.format not in TASK_FORMATS:
+        if task.format not in TASK_FORMATS or task.format == "fields":
             raise bad(f"{where}: format '{task.format}' is not one of {', '.join(TASK_FORMATS)}")
         spec = get_loss(task.loss)
         if spec.model != ("cross" if config.kind == "cross-encoder" else "bi"):
@@ -116,6 +119,16 @@ def validate(config: TrainConfig) -> None:
         if name in names:
             raise bad(f"two tasks are named '{name}'; give them distinct names")
         names.add(name)
+
+
+def _validate_field_head(config: TrainConfig) -> None:
+    if len(config.tasks) != 1 or config.tasks[0].format != "fields":
+        raise ConfigError("train config: a field-head run takes one task with format: fields "
+                          "(queries with documents split into fields)")
+    unknown = sorted(set(config.tasks[0].options) - set(FIELD_HEAD_OPTIONS))
+    if unknown:
+        raise ConfigError(f"train config: unknown field-head option(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(FIELD_HEAD_OPTIONS)}")
 
 
 def task_name(task: TaskConfig, i: int) -> str:

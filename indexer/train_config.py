@@ -4,7 +4,9 @@ A config names a base model, the kind of model to train, and a list of tasks; ea
 dataset and a loss::
 
     model: me5-small                  # built-in name, model folder or hub id
-    kind: bi-encoder                  # or cross-encoder (a sequence-classification head on the base)
+    kind: bi-encoder                  # or cross-encoder (a sequence-classification head on the
+                                      # base), or field-head (the field-attention reranker's W,
+                                      # over the frozen encoder ``model``; output: a .safetensors)
     output: models/me5-small-tatoeba
     epochs: 1
     batch_size: 64
@@ -28,8 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("bi-encoder", "cross-encoder")
-TASK_FORMATS = ("pairs", "triplets", "labelled", "query", "tatoeba")
+KINDS = ("bi-encoder", "cross-encoder", "field-head")
+TASK_FORMATS = ("pairs", "triplets", "labelled", "query", "tatoeba", "fields")
+#: options of a field-head task (kind: field-head)
+FIELD_HEAD_OPTIONS = ("scale", "loss_scale", "fields")
 MINING = ("bm25", "model")
 
 

@@ -46,13 +46,12 @@ import random
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vecplug.errors import ConfigError
-from vecplug.indexer.corpus import parse_json
+from vecplug.indexer.corpus import _csv_field_limit, parse_json
 from vecplug.indexer.datasets import _lines
 from vecplug.types import Problem
 
@@ -290,16 +289,6 @@ def _raw_lines(path: Path) -> Iterator[str]:
             yield raw.decode("utf-8", "surrogateescape")
 
 
-@contextmanager
-def _csv_field_limit(limit: int) -> Iterator[None]:
-    # the limit is process-wide: set it only while our reader parses
-    old = csv.field_size_limit(limit)
-    try:
-        yield
-    finally:
-        csv.field_size_limit(old)
-
-
 def _csv_records(path: Path, report: _Reporter, names: Mapping[str, tuple[str, ...]],
                  required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
@@ -380,8 +369,9 @@ def load_examples(path: str | Path, format: str, *, problems: list[Problem],
 
 # -- Tatoeba ---------------------------------------------------------------------------------
 
-def _tatoeba_files(folder: Path) -> list[tuple[str, Path, Path]]:
-    # the same files as distill.tatoeba_pairs: tatoeba.xxx-eng.xxx with its .eng twin
+def tatoeba_files(folder: Path) -> list[tuple[str, Path, Path]]:
+    """(language, its file, the English file) of a Tatoeba folder: tatoeba.xxx-eng.xxx with
+    its line-aligned .eng twin."""
     out = []
     for other in sorted(folder.glob("tatoeba.*-eng.*")):
         lang = other.name.split(".")[1].split("-")[0]
@@ -424,7 +414,7 @@ def load_tatoeba(folder: str | Path, *, max_pairs: int | None = None, seed: int 
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"Tatoeba folder not found: {folder}")
-    files = _tatoeba_files(folder)
+    files = tatoeba_files(folder)
     if langs:
         known = {lang for lang, _, _ in files}
         unknown = [lang for lang in langs if lang not in known]

@@ -274,6 +274,32 @@ def test_cli_train(tmp_path: Path, tiny_model: Path) -> None:
     assert result.exit_code != 0 and "schedule" in result.output and "Traceback" not in result.output
 
 
+def test_field_head_kind_trains_a_head_the_reranker_loads(tmp_path: Path, tiny_model: Path) -> None:
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+    from vecplug.training import run_training
+
+    rng = random.Random(0)
+    data = tmp_path / "fields.jsonl"
+    with open(data, "w", encoding="utf-8") as fh:
+        for _ in range(30):
+            words = rng.sample(WORDS, 3)
+            fh.write(json.dumps({"query": " ".join(words), "document": {
+                "title": " ".join(words[::-1]), "text": " ".join(rng.sample(WORDS, 5))}}) + "\n")
+        fh.write("{broken\n")
+    values = {"model": str(tiny_model), "kind": "field-head", "output": str(tmp_path / "head.safetensors"),
+              "epochs": 2, "batch_size": 8, "learning_rate": 1e-2,
+              "tasks": [{"data": str(data), "format": "fields", "options": {"scale": 10.0}}],
+              "eval": {"held_out": 0.2}}
+    report = run_training(write_config(tmp_path / "t.yaml", **values), progress=False)
+    assert report.steps > 0 and [p.line for p in report.problems] == [31]
+    assert report.evaluations[0]["held_out"]["mrr"] is not None
+    reranker = FieldAttentionReranker(head=str(tmp_path / "head.safetensors"))
+    assert reranker.weight.shape == (32, 32)
+    values["tasks"][0]["options"] = {"temperature": 1}
+    with pytest.raises(ConfigError, match="temperature"):
+        run_training(write_config(tmp_path / "u.yaml", **values), progress=False)
+
+
 # -- the real model ---------------------------------------------------------------------------
 
 @pytest.mark.slow

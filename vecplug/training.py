@@ -55,9 +55,44 @@ def run_training(config_file: str | Path, overrides: Mapping[str, Any] | None = 
     from vecplug.indexer.train import train
 
     config = load_train_config(config_file, overrides)
+    if config.kind == "field-head":
+        return train_field_head(config, progress=progress, log=log)
     evaluators = {}
     if config.eval.xquad_r:
         evaluators["xquad_r"] = xquad_r_evaluator(config.eval.xquad_r, config.eval.xquad_langs,
                                                   config.eval.xquad_limit)
     return train(config, progress=progress, log=log, command=command, evaluators=evaluators,
                  stop_after=stop_after)
+
+
+def train_field_head(config: Any, *, progress: bool = True, log: Callable[[str], None] = lambda s: None) -> Any:
+    """``kind: field-head``: learn the field-attention reranker's ``W`` over the frozen document
+    encoder ``config.model`` from queries with documents split into fields; the head is written
+    to ``config.output`` (use it as ``--rerank fields:PATH``)."""
+    from vecplug.errors import ConfigError
+    from vecplug.indexer import field_head
+    from vecplug.indexer.encoder import Encoder
+    from vecplug.indexer.train import validate
+    from vecplug.types import Problem
+
+    validate(config)
+    task = config.tasks[0]
+    options = dict(task.options)
+    fields = options.pop("fields", None) or field_head.DEFAULT_FIELDS
+    problems: list[Problem] = []
+    examples = field_head.load_field_examples(task.data, fields=fields, problems=problems)
+    for p in problems[:20]:
+        log(f"skipped {p}")
+    out = Path(config.output).expanduser()
+    if out.exists():
+        raise ConfigError(f"{out} exists; remove it or choose another output")
+    report = field_head.train_field_head(
+        examples, Encoder.from_specs(config.model), epochs=config.epochs, batch_size=config.batch_size,
+        learning_rate=config.learning_rate, weight_decay=config.weight_decay, seed=config.seed,
+        held_out=config.eval.held_out, progress=progress, log=log, **options)
+    field_head.save_head(out, report.W, report.metadata(task.data))
+    from vecplug.indexer.train import TrainReport
+
+    evaluations = [{"step": 0, "held_out": {"mrr": report.mrr_before}},
+                   {"step": len(report.losses), "held_out": {"mrr": report.mrr_after}}]
+    return TrainReport(out, len(report.losses), report.seconds, list(report.losses), evaluations, problems)
