@@ -144,6 +144,12 @@ def _data_record(task: TaskConfig) -> dict[str, Any]:
     record: dict[str, Any] = {"data": str(task.data), "format": task.format, "loss": task.loss}
     if path.is_file():
         record["sha256"] = file_sha256(path)
+    elif path.is_dir():  # a Tatoeba folder: one digest over its files' names and digests
+        files = sorted(p for p in path.iterdir() if p.is_file())
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f"{f.name}\0{file_sha256(f)}\n".encode())
+        record |= {"files": len(files), "sha256": h.hexdigest()}
     return record
 
 
