@@ -5,6 +5,7 @@
 #      steps: 10,000 pairs instead of 20,000, one epoch instead of two)
 #   3. vecplug eval before (me5-small + its shipped student) and after (the fine-tuned teacher +
 #      its new student): X-Y mAP@20, mono MRR@10 and the language-bias measures, no correction
+#      and the fine-tuned pair again with the language-bias correction on
 #   4. vecplug train examples/train/cross-encoder-tatoeba.yaml, then the cross-encoder as a
 #      reranker of me5-small's top 20 (first 100 questions per language)
 # Writes benchmarks/results/train/{before,after,cross-encoder}/ and prints the reports.
@@ -44,6 +45,9 @@ eval_run() {  # name, document encoder, query encoders...
 }
 eval_run before me5-small me5-small me5-small-student-k6
 eval_run after "$ft" "$ft" "$student"
+timed "$VECPLUG" eval "$data" --model "$ft" --index "$tmp/index-after" --query-encoder "$ft" \
+    --query-encoder "$student" --mode xy --mode mono --debias on --out "$tmp/after-debias" --summary-only -q > /dev/null
+rm -rf "$out/after-debias" && mv "$tmp/after-debias" "$out/after-debias"
 timed "$VECPLUG" train examples/train/cross-encoder-tatoeba.yaml --output "$cross"
 timed "$VECPLUG" eval "$data" --model me5-small --index "$tmp/index-before" --query-encoder me5-small \
     --mode xy --mode mono --no-debias --rerank none --rerank "cross-encoder:$cross" --rerank-depth 20 \
