@@ -1,4 +1,6 @@
-"""Training checkpoints without pickle: weights and AdamW state as safetensors, the rest JSON.
+"""Training runs' shared pieces: checkpoints without pickle (weights and AdamW state as
+safetensors, the rest JSON) and the learning-rate schedule, so that a resumed run continues
+exactly where it stopped.
 
 A checkpoint is three files in a work folder; ``state.json`` is written last and names the
 run's fingerprint, so a checkpoint is used only by the same configuration and data, and a
@@ -64,3 +66,12 @@ def load(work: Path, key: str, named: dict[str, Any], optimizer: Any) -> dict[st
             optimizer.state[p] = {"step": saved[f"{n}.step"].reshape(()), "exp_avg": saved[f"{n}.exp_avg"],
                                   "exp_avg_sq": saved[f"{n}.exp_avg_sq"]}
     return state
+
+
+def learning_rate(step: int, total: int, base: float, warmup: float) -> float:
+    """Linear warm-up over the first ``warmup`` share of ``total`` steps, then linear decay to
+    zero: a function of the step alone, so a resumed run needs no scheduler state."""
+    w = max(1, int(total * warmup))
+    if step < w:
+        return base * (step + 1) / w
+    return base * max(0.0, (total - step) / max(1, total - w))

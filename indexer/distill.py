@@ -129,13 +129,6 @@ def build_examples(config: DistillConfig) -> tuple[list[str], list[str], dict[st
 
 # -- the loop --------------------------------------------------------------------------
 
-def _lr(step: int, total: int, base: float, warmup: float) -> float:
-    w = max(1, int(total * warmup))
-    if step < w:
-        return base * (step + 1) / w
-    return base * max(0.0, (total - step) / max(1, total - w))
-
-
 def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({k: v for k, v in asdict(config).items() if k != "checkpoint_every"},
@@ -256,7 +249,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
             tc = torch.nn.functional.normalize(t - mean, dim=-1)
             loss = loss + config.centered_weight * ((sc - tc) ** 2).sum(-1).mean()
         for g in optimizer.param_groups:
-            g["lr"] = _lr(step, total, config.learning_rate, config.warmup)
+            g["lr"] = checkpoint.learning_rate(step, total, config.learning_rate, config.warmup)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.indexer.models import ModelInfo, resolve_model
+from vecplug.indexer.models import ModelInfo, quiet_transformers, resolve_model
 
 # Measured on XQuAD-R with me5-small (benchmarks/lengths.py): 99.9% of questions fit in
 # 64 tokens with the prefix, and passages are cut at 256 tokens by the chunker anyway.
@@ -37,7 +37,6 @@ class TextEncoder:
                  threads: int | None = None, shared_embeddings: Any = None,
                  post: Any = None, quantize: str | None = None) -> None:
         import torch
-        import transformers
         from transformers import AutoModel, AutoTokenizer
 
         self.info = info
@@ -46,11 +45,7 @@ class TextEncoder:
         self.post = post
         if threads:
             torch.set_num_threads(threads)
-        verbosity = transformers.logging.get_verbosity()
-        bars = transformers.utils.logging.is_progress_bar_enabled()
-        transformers.logging.set_verbosity_error()  # "pooler weights missing" is expected
-        transformers.utils.logging.disable_progress_bar()
-        try:
+        with quiet_transformers():  # "pooler weights missing" is expected
             self.tokenizer = AutoTokenizer.from_pretrained(str(info.tokenizer_path), trust_remote_code=False)
             if info.teacher is not None:
                 from vecplug.indexer.student import load_student
@@ -63,10 +58,6 @@ class TextEncoder:
                         str(info.path), trust_remote_code=False, add_pooling_layer=False)
                 except TypeError:  # architectures without a pooler do not take the flag
                     self.model = AutoModel.from_pretrained(str(info.path), trust_remote_code=False)
-        finally:
-            transformers.logging.set_verbosity(verbosity)
-            if bars:
-                transformers.utils.logging.enable_progress_bar()
         self.model.eval()
         self.quantize = quantize
         if quantize == "int8":

@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import random
 import shutil
 import sys
 import time
@@ -235,13 +234,6 @@ def _fingerprint(config: TrainConfig, base_checksum: str, tasks: list[TaskData])
     return h.hexdigest()[:16]
 
 
-def _lr(step: int, total: int, base: float, warmup: float) -> float:
-    w = max(1, int(total * warmup))
-    if step < w:
-        return base * (step + 1) / w
-    return base * max(0.0, (total - step) / max(1, total - w))
-
-
 # -- the run ---------------------------------------------------------------------------
 
 def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = lambda s: None,
@@ -268,7 +260,6 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     started = time.perf_counter()
     out = Path(config.output).expanduser()
     info = resolve_model(config.model)
-    random.seed(config.seed)
     torch.manual_seed(config.seed)
     model = TrainableModel(info, config.kind, config.max_length, config.layers,
                            config.freeze_word_embeddings)
@@ -320,7 +311,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
         torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: the same after a resume
         loss = loss_of(model, task.config, [task.train[i] for i in batch])
         for g in optimizer.param_groups:
-            g["lr"] = _lr(step, total, config.learning_rate, config.warmup)
+            g["lr"] = checkpoint.learning_rate(step, total, config.learning_rate, config.warmup)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), config.max_grad_norm)
@@ -375,11 +366,13 @@ def _write_model(model: Any, out: Path, config: TrainConfig, record: dict[str, A
     """Save as a Hugging Face folder plus ``vecplug.json``; a temporary folder renamed at the end."""
     from vecplug.fsutil import fsync_path
     from vecplug.indexer.checksums import weights_sha256
+    from vecplug.indexer.models import quiet_transformers
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.model.save_pretrained(str(tmp), safe_serialization=True)
+    with quiet_transformers():  # no "Writing model shards" bar in the command's output
+        model.model.save_pretrained(str(tmp), safe_serialization=True)
     model.tokenizer.save_pretrained(str(tmp))
     for leftover in tmp.glob("*.bin"):  # safetensors only: no pickle in our folders
         leftover.unlink()

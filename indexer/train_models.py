@@ -13,24 +13,15 @@ import numpy as np
 import torch
 
 from vecplug.errors import ModelError
-from vecplug.indexer.models import ModelInfo
+from vecplug.indexer.models import ModelInfo, quiet_transformers
 
 
 def _quiet_load(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    import transformers
-
-    verbosity = transformers.logging.get_verbosity()
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()  # "some weights newly initialised" is expected
-    transformers.utils.logging.disable_progress_bar()
     try:
-        return fn(*args, **kwargs)
+        with quiet_transformers():  # "some weights newly initialised" is expected: a new head
+            return fn(*args, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelError(f"could not load {args[0]}: {exc}") from exc
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
 
 
 def keep_layers(model: Any, k: int) -> list[int]:

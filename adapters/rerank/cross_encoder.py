@@ -64,26 +64,20 @@ class CrossEncoderReranker(Reranker):
         if self.model is not None:
             return
         import torch
-        import transformers
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        verbosity = transformers.logging.get_verbosity()
-        bars = transformers.utils.logging.is_progress_bar_enabled()
+        from vecplug.indexer.models import quiet_transformers
+
         # the load report and progress bars are noise here: what matters is checked below
-        transformers.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                str(self.path), trust_remote_code=False, output_loading_info=True)
+            with quiet_transformers():
+                tokenizer = AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)
+                model, info = AutoModelForSequenceClassification.from_pretrained(
+                    str(self.path), trust_remote_code=False, output_loading_info=True)
         except (OSError, ValueError) as exc:
             raise ModelError(f"could not load the cross-encoder {self.spec}: {exc}") from exc
-        finally:
-            transformers.logging.set_verbosity(verbosity)
-            if bars:
-                transformers.utils.logging.enable_progress_bar()
         # A folder without a trained head (an embedding model, say) still loads, with a
         # randomly initialised classifier: its scores would be noise, so refuse it.
         missing = sorted(k for k in info.get("missing_keys", ()) if not k.endswith("position_ids"))
