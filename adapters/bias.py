@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import StoreHit
+from vecplug.adapters.stores.base import StoreHit, search
 
 UND = "und"
 #: a language's mean is shrunk towards the global mean as if it had this many extra
@@ -138,10 +138,10 @@ def rescore(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: st
 
 
 def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: str | None,
-                   k: int, langs: Sequence[str]) -> list[StoreHit]:
+                   k: int, langs: Sequence[str], ef: int | None = None) -> list[StoreHit]:
     """The ``k`` best documents of ``langs`` by centred cosine (see the module docstring)."""
     query = means.centre_query(vector, query_lang)
     pooled: list[StoreHit] = []
     for lang in langs:
-        pooled += store.search(query, k * OVERFETCH, [lang])
+        pooled += search(store, query, k * OVERFETCH, [lang], ef)
     return rescore(store, means, vector, query_lang, pooled)[:k]

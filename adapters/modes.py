@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vecplug.adapters.bias import LanguageMeans, centred_search, rescore
-from vecplug.adapters.stores.base import StoreHit
+from vecplug.adapters.stores.base import StoreHit, search
 from vecplug.errors import ConfigError
 
 MODES = {
@@ -42,26 +42,27 @@ def target_languages(mode: str, query_lang: str | None,
 
 def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode: str, depth: int,
                 langs: Sequence[str] | None = None,
-                means: LanguageMeans | None = None) -> list[StoreHit]:
+                means: LanguageMeans | None = None, ef: int | None = None) -> list[StoreHit]:
     """The ``depth`` best candidates for a query vector under ``mode``, best first.
 
     ``means`` switches the language-bias correction on (ignored in ``mono``). In ``prefer``
     the candidates are the union of the pooled and the same-language top ``depth``, so a
-    same-language document the boost would promote is never missing from them.
+    same-language document the boost would promote is never missing from them. ``ef``: the
+    approximate index's search breadth for this query (None: the index's setting).
     """
     pool = target_languages(mode, query_lang, langs)
     if mode == "mono":
-        return store.search(vector, depth, pool)  # type: ignore[attr-defined]
+        return search(store, vector, depth, pool, ef)  # type: ignore[arg-type]
     if means is not None:
         # the languages the means were kept for are the index's: no store round trip per query
         every = pool if pool is not None else list(means.by_lang)
-        hits = centred_search(store, means, vector, query_lang, depth, every)
+        hits = centred_search(store, means, vector, query_lang, depth, every, ef)
     else:
-        hits = store.search(vector, depth, pool)  # type: ignore[attr-defined]
+        hits = search(store, vector, depth, pool, ef)  # type: ignore[arg-type]
     if mode == "prefer" and query_lang and (pool is None or query_lang in pool):
         seen = {h.record.id for h in hits}
         query = means.centre_query(vector, query_lang) if means is not None else vector
-        extra = [h for h in store.search(query, depth, [query_lang])  # type: ignore[attr-defined]
+        extra = [h for h in search(store, query, depth, [query_lang], ef)  # type: ignore[arg-type]
                  if h.record.id not in seen]
         if means is not None:
             extra = rescore(store, means, vector, query_lang, extra)

@@ -52,6 +52,9 @@ def test_index_search_info(corpus: Path, tiny_model: Path) -> None:
 
     human = run("search", "the quick brown fox jumps over the lazy dog", "-k", "1")
     assert "1. 1.000 [en] en.txt" in human
+    wide = run("search", "the quick brown fox jumps over the lazy dog", "-k", "1", "--ef", "500")
+    assert "1. 1.000 [en] en.txt" in wide
+    assert "--ef" in run("search", "fox", "--ef", "0", ok=False)
 
     info = run("info")
     assert "documents:  4" in info and str(tiny_model) in info

@@ -121,6 +121,47 @@ def test_empty_index_searches(target: tuple[type, str, dict[str, Any]]) -> None:
         store.close()
 
 
+def test_search_breadth_per_query(target: tuple[type, str, dict[str, Any]]) -> None:
+    """``ef`` is accepted by every store, and a wide search finds the exact neighbours."""
+    cls, location, options = target
+    vecs = unit_vectors(400, DIM, seed=3)
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    try:
+        store.upsert(records(400), vecs)
+        store.commit()
+        for i in (0, 99, 321):
+            exact = np.argsort(-(vecs @ vecs[i]))[:10]
+            hits = store.search(vecs[i], 10, ef=400)
+            assert [h.record.id for h in hits] == [f"doc/{j}.txt#0" for j in exact]
+            assert len(store.search(vecs[i], 10, ["de"], ef=12)) == 10
+    finally:
+        store.close()
+
+
+def test_hnswlib_ef_is_per_query(tmp_path: Path) -> None:
+    """A narrow search misses neighbours a wide one finds, and leaves the index's setting as is."""
+    cls = get_store_class("hnswlib")
+    vecs = unit_vectors(3000, 32, seed=4)
+    store = cls.create(str(tmp_path / "idx"), 32, {"dim": 32}, {"M": 4, "ef_construction": 16})
+    try:
+        store.upsert(records(3000), vecs)
+        store.commit()
+        queries = unit_vectors(50, 32, seed=5)
+
+        def recall(ef: int | None) -> float:
+            found = 0
+            for q in queries:
+                exact = {f"doc/{j}.txt#0" for j in np.argsort(-(vecs @ q))[:10]}
+                found += len(exact & {h.record.id for h in store.search(q, 10, ef=ef)})
+            return found / (10 * len(queries))
+
+        narrow, default, wide = recall(10), recall(None), recall(1000)
+        assert wide > 0.99 and narrow < wide
+        assert recall(None) == default  # the narrow search did not change the index's ef
+    finally:
+        store.close()
+
+
 def test_hnswlib_uncommitted_changes_are_dropped(tmp_path: Path) -> None:
     cls = get_store_class("hnswlib")
     location = str(tmp_path / "idx")

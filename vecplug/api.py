@@ -216,26 +216,27 @@ class Index:
     def search(self, query: str, k: int | None = None, *, mode: str | None = None,
                lang: str | None = None, langs: Sequence[str] | None = None,
                rerank: str | None = None, rerank_depth: int | None = None,
-               debias: bool | None = None) -> SearchResult:
+               debias: bool | None = None, ef: int | None = None) -> SearchResult:
         """The ``k`` best documents for ``query``.
 
         ``mode``: ``xy`` (every language), ``mono`` (the query's language) or ``prefer``
         (every language, the query's ranked up); ``lang`` is the query's language (default:
         detected); ``langs`` limits the answers to those languages; ``rerank`` names a
         second stage (``teacher``, ``fields``, ``cross-encoder:MODEL``) applied to the top
-        ``rerank_depth`` candidates; ``debias`` switches the language-bias correction.
+        ``rerank_depth`` candidates; ``debias`` switches the language-bias correction; ``ef``
+        sets the HNSW search breadth for this query (more exact, slower).
         Unset arguments come from the settings (and ``debias`` from the index).
         """
         if not query.strip():
             raise VecplugError("the query is empty")
         return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
-                                 rerank=rerank, rerank_depth=rerank_depth, debias=debias)[0]
+                                 rerank=rerank, rerank_depth=rerank_depth, debias=debias, ef=ef)[0]
 
     def search_batch(self, queries: Sequence[str], k: int | None = None, *, mode: str | None = None,
                      langs: Sequence[str | None] | None = None,
                      target_langs: Sequence[str] | None = None, rerank: str | None = None,
                      rerank_depth: int | None = None, debias: bool | None = None,
-                     progress: bool = False) -> list[SearchResult]:
+                     ef: int | None = None, progress: bool = False) -> list[SearchResult]:
         """:meth:`search` for many queries at once (queries are encoded in batches);
         ``langs`` gives each query's language (None entries are detected)."""
         import numpy as np
@@ -249,6 +250,9 @@ class Index:
             raise VecplugError(f"unknown mode '{mode}'; modes: {', '.join(modes.MODES)}")
         target = list(target_langs if target_langs is not None else s.langs) or None
         debias = self._debias(debias)
+        ef = ef or s.ef
+        if ef is not None and ef < 1:
+            raise VecplugError(f"ef must be at least 1, not {ef}")
         reranker = self._reranker(rerank if rerank is not None else s.rerank)
         depth = max(k, rerank_depth or s.rerank_depth) if reranker is not None else k
         if mode == "prefer":
@@ -272,7 +276,7 @@ class Index:
         if bad.any():
             raise VecplugError("the query encoder gave a non-finite or zero vector for "
                                f"{queries[int(np.argmax(bad))]!r}")
-        candidates = [self._first_stage(v, ql, mode, depth, target, means, single=len(queries) == 1)
+        candidates = [self._first_stage(v, ql, mode, depth, target, means, ef, single=len(queries) == 1)
                       for v, ql in zip(vectors, qlangs)]
         if reranker is not None:
             candidates = reranker.rerank([Query(q, ql, v) for q, ql, v in zip(queries, qlangs, vectors)],
@@ -287,12 +291,12 @@ class Index:
                 for q, ql, c, v in zip(queries, qlangs, candidates, vectors)]
 
     def _first_stage(self, vector: Any, query_lang: str | None, mode: str, depth: int,
-                     target: list[str] | None, means: Any, single: bool) -> list[Any]:
+                     target: list[str] | None, means: Any, ef: int | None, single: bool) -> list[Any]:
         from vecplug.adapters import modes
         from vecplug.errors import ConfigError
 
         try:
-            return modes.first_stage(self.store, vector, query_lang, mode, depth, target, means)
+            return modes.first_stage(self.store, vector, query_lang, mode, depth, target, means, ef)
         except ConfigError:
             if single:
                 raise

@@ -112,19 +112,22 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
               help="Remove each language's mean vector before scoring [default: the index's setting].")
 @click.option("--rerank", metavar="NAME", help="Second stage: teacher, fields, cross-encoder:MODEL, none.")
 @click.option("--rerank-depth", type=int, help="Candidates the reranker rescores [default: 50].")
+@click.option("--ef", type=click.IntRange(min=1),
+              help="HNSW search breadth for this search (higher: more exact, slower) "
+                   "[default: the index's, 64].")
 @click.option("--int8", "int8", is_flag=True, default=None,
               help="Run the query encoder with int8 weights (faster on a CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
 def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, langs: str | None,
-               debias: bool | None, rerank: str | None, rerank_depth: int | None, int8: bool | None,
-               as_json: bool, **common: Any) -> None:
+               debias: bool | None, rerank: str | None, rerank_depth: int | None, ef: int | None,
+               int8: bool | None, as_json: bool, **common: Any) -> None:
     """Search the index with QUERY."""
     from vecplug.api import Index
 
     settings = _settings(**common, sections={
         "search": {"k": k, "mode": mode, "lang": lang, "langs": langs, "debias": debias,
-                   "rerank": rerank, "rerank_depth": rerank_depth},
+                   "rerank": rerank, "rerank_depth": rerank_depth, "ef": ef},
         "model": {"query_quantize": "int8" if int8 else None}})
     with Index.open(settings) as index:
         result = index.search(query)

@@ -91,6 +91,9 @@ class SearchSettings:
     rerank_depth: int = 50
     #: token limit of a cross-encoder's (query, document) pair
     rerank_max_length: int = 256
+    #: HNSW search breadth for these searches (None: the index's ``hnsw_ef_search``); higher
+    #: finds more of the exact neighbours and costs more (figures in the README)
+    ef: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ class Settings:
                             ("search.rerank_max_length", self.search.rerank_max_length)):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+        if self.search.ef is not None and self.search.ef < 1:
+            raise ConfigError(f"search.ef must be at least 1, not {self.search.ef}")
         if self.model.query_quantize not in (None, *QUANTIZE):
             raise ConfigError(f"model.query_quantize must be one of {', '.join(QUANTIZE)} or null, "
                               f"not '{self.model.query_quantize}'")

@@ -39,6 +39,15 @@ class StoreHit:
     score: float
 
 
+def search(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str] | None = None,
+           ef: int | None = None) -> list[StoreHit]:
+    """``store.search``, passing ``ef`` only when set, so a plugin's store written before the
+    ``ef`` argument existed keeps working for every search that does not ask for one."""
+    if ef is None:
+        return store.search(vector, k, langs)
+    return store.search(vector, k, langs, ef=ef)
+
+
 class VectorStore(ABC):
     """A place to put vectors with records, and to search them by cosine similarity.
 
@@ -85,9 +94,13 @@ class VectorStore(ABC):
         """Remove records by id; unknown ids are ignored."""
 
     @abstractmethod
-    def search(self, vector: np.ndarray, k: int,
-               langs: Sequence[str] | None = None) -> list[StoreHit]:
-        """The ``k`` nearest records to ``vector``, best first; only ``langs`` if given."""
+    def search(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+               ef: int | None = None) -> list[StoreHit]:
+        """The ``k`` nearest records to ``vector``, best first; only ``langs`` if given.
+
+        ``ef`` is the search-time breadth of an approximate index (HNSW's ef: higher finds
+        more of the true neighbours and costs more) for this query only; None keeps the
+        store's setting, and a store with no such knob ignores it."""
 
     @abstractmethod
     def get(self, ids: Sequence[str]) -> list[Record]:

@@ -443,8 +443,8 @@ class HnswStore(VectorStore):
                                 "manifest; the next commit rewrites it")
             return problems
 
-    def search(self, vector: np.ndarray, k: int,
-               langs: Sequence[str] | None = None) -> list[StoreHit]:
+    def search(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+               ef: int | None = None) -> list[StoreHit]:
         vector = np.asarray(vector, dtype=np.float32).reshape(1, -1)
         if vector.shape[1] != self.dim:
             raise ModelMismatchError(f"query vector has dimension {vector.shape[1]}, "
@@ -465,17 +465,18 @@ class HnswStore(VectorStore):
                     top = np.argsort(-scores)[:k]
                     return self._hits([(int(labels[i]), float(scores[i])) for i in top])
                 allowed = set(labels.tolist())
-                pairs = self._knn(vector, min(k, len(labels)), lambda label: label in allowed)
+                pairs = self._knn(vector, min(k, len(labels)), lambda label: label in allowed, ef)
             else:
-                pairs = self._knn(vector, k, None)
+                pairs = self._knn(vector, k, None, ef)
             return self._hits(pairs)
 
-    def _knn(self, vector: np.ndarray, k: int, filt: Any) -> list[tuple[int, float]]:
+    def _knn(self, vector: np.ndarray, k: int, filt: Any, ef: int | None) -> list[tuple[int, float]]:
         live = self.count()
         k = min(k, live)
         if k <= 0:
             return []
-        self._index.set_ef(max(int(self._options["ef_search"]), k))
+        # set per call (under the mutex): ef is the index's state in hnswlib, not a query argument
+        self._index.set_ef(max(int(ef or self._options["ef_search"]), k))
         while True:
             try:
                 labels, dist = self._index.knn_query(vector, k=k, filter=filt)

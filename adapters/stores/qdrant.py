@@ -271,11 +271,12 @@ class _Server:
     def delete(self, ids: list[str]) -> None:
         _retry(self.client.delete, self.name, self.m.PointIdsList(points=ids), wait=True)
 
-    def search(self, vec: np.ndarray, k: int, langs: list[str] | None) -> Hits:
+    def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
         m = self.m
         flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
         res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,
-                     query_filter=flt or None, with_payload=True)
+                     query_filter=flt or None, with_payload=True,
+                     search_params=m.SearchParams(hnsw_ef=ef) if ef else None)
         return [(p.payload or {}, float(p.score)) for p in res.points]
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
@@ -415,8 +416,8 @@ class QdrantStore(VectorStore):
         for a in range(0, len(ids), _BATCH):  # unknown ids are no-ops in Qdrant
             b.delete([_point_id(i) for i in ids[a:a + _BATCH]])
 
-    def search(self, vector: np.ndarray, k: int,
-               langs: Sequence[str] | None = None) -> list[StoreHit]:
+    def search(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+               ef: int | None = None) -> list[StoreHit]:
         b = self._reader()
         if k <= 0 or (langs is not None and len(langs) == 0):
             return []  # an empty language list matches nothing
@@ -424,7 +425,7 @@ class QdrantStore(VectorStore):
         if vec.shape[0] != self._dim:
             raise ValueError(f"expected a vector of dimension {self._dim}, got {vec.shape[0]}")
         wanted = None if langs is None else sorted({lang or UND for lang in langs})
-        return [StoreHit(_to_record(p), s) for p, s in b.search(vec, k, wanted)]
+        return [StoreHit(_to_record(p), s) for p, s in b.search(vec, k, wanted, ef)]
 
     def get(self, ids: Sequence[str]) -> list[Record]:
         b, found = self._reader(), {}

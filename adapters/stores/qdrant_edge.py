@@ -623,13 +623,14 @@ class _Edge:
     # -- reading: the shard overlaid with the staged writes ------------------------------------
 
     @_engine_call
-    def search(self, vec: np.ndarray, k: int, langs: list[str] | None) -> Hits:
+    def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
         q = self.q
         shadowed = len(self.under()) if self.staged else 0  # hits that staged writes replace
         flt = langs and q.Filter(must=[q.FieldCondition("lang", match=q.MatchAny(langs))])
         res = self.shard.query(q.QueryRequest(query=q.Query.Nearest(vec.tolist()),
                                               limit=k + shadowed, filter=flt or None,
-                                              with_payload=True))
+                                              with_payload=True,
+                                              params=q.SearchParams(hnsw_ef=ef) if ef else None))
         hits = [(p.payload or {}, float(p.score)) for p in res if str(p.id) not in self.staged]
         if self.staged:
             unit = vec / max(float(np.linalg.norm(vec)), 1e-30)
