@@ -8,7 +8,7 @@ DEMO_INDEX ?= .demo-index
 # torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs)
 TORCH ?= torch==2.13.0
 
-.PHONY: setup models demo test test-fast bench bench-students bench-eval clean
+.PHONY: setup models demo test test-fast bench bench-speed bench-students bench-eval clean
 
 setup: $(VENV)/.installed
 
@@ -39,7 +39,12 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: models
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	bash benchmarks/run_all.sh --exact
+
+bench-speed: models
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	BENCH="encode_speed query_latency ann_scale" bash benchmarks/run_all.sh
 
 bench-students: models
 	bash benchmarks/students.sh

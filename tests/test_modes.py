@@ -1,6 +1,7 @@
 """Retrieval modes and the language-bias correction (vecplug.adapters.modes / bias)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,32 @@ def test_pipeline_keeps_stats_in_step(tmp_path: Path, fake_encoder) -> None:
     for lang in fitted.counts:
         assert stored.sums[lang] == pytest.approx(fitted.sums[lang], abs=1e-5)
     store.close()
+
+
+def test_pipeline_spaces_out_slow_commits(tmp_path: Path, fake_encoder,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once commits get slow, they wait for enough work that they stay a small share of the run;
+    everything is still committed at the end."""
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), fake_encoder.dim,
+                                              {"dim": fake_encoder.dim}, {})
+    commits = []
+    real_commit = store.commit
+
+    def slow_commit(manifest=None):
+        time.sleep(0.05)
+        commits.append(store.count())
+        real_commit(manifest)
+
+    monkeypatch.setattr(store, "commit", slow_commit)
+    monkeypatch.setattr(pipeline, "SLOW_COMMIT", 0.0)
+    docs = [vecplug.Document(f"d{i}", f"word{i}", "s", i, "en") for i in range(60)]
+    report = pipeline.run(docs, fake_encoder, store, Record.from_document, None, progress=False,
+                          batch_size=2, commit_every=2)
+    assert report.documents == 60 and commits[-1] == 60
+    # instant batches after a 50 ms commit: commit_every=2 alone would commit 30 times
+    assert 2 <= len(commits) < 10
+    store.close()
+    assert get_store_class("hnswlib").open(str(tmp_path / "idx"), {}).count() == 60
 
 
 def test_api_modes_debias_and_batch(tmp_path: Path, tiny_model: Path) -> None:

@@ -142,7 +142,7 @@ def test_hnswlib_ef_is_per_query(tmp_path: Path) -> None:
     """A narrow search misses neighbours a wide one finds, and leaves the index's setting as is."""
     cls = get_store_class("hnswlib")
     vecs = unit_vectors(3000, 32, seed=4)
-    store = cls.create(str(tmp_path / "idx"), 32, {"dim": 32}, {"M": 4, "ef_construction": 16})
+    store = cls.create(str(tmp_path / "idx"), 32, {"dim": 32}, {"M": 6, "ef_construction": 20})
     try:
         store.upsert(records(3000), vecs)
         store.commit()
@@ -156,7 +156,7 @@ def test_hnswlib_ef_is_per_query(tmp_path: Path) -> None:
             return found / (10 * len(queries))
 
         narrow, default, wide = recall(10), recall(None), recall(1000)
-        assert wide > 0.99 and narrow < wide
+        assert wide > 0.97 and narrow < wide - 0.05
         assert recall(None) == default  # the narrow search did not change the index's ef
     finally:
         store.close()

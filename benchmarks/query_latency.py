@@ -1,0 +1,142 @@
+"""Query latency end to end: what a user waiting for an answer feels.
+
+Over one pooled XQuAD-R index (the six languages, 7,308 sentences the document encoder
+encoded; built in ``--index`` on first use), for each query encoder given (the teacher, the
+shipped student, ``NAME+int8`` for int8 weights), in-process through ``Index.search`` (the
+call ``vecplug search`` makes once its models are loaded):
+
+* ``encode``: the query vector only (tokenisation included);
+* ``xy``: language detection + encoding + the pooled search (with the index's language-bias
+  correction, on by default), top 10;
+* ``mono``: the same in the query's language only;
+* ``xy + teacher rerank``: the student's top 50 re-scored with the teacher's query vector
+  (the Microsoft paper's multi-stage ranking; skipped for the teacher itself).
+
+One query at a time on one thread (``torch.set_num_threads(1)``): p50 and p95 over
+``--queries`` questions of every language, after a warm-up. Then throughput: ``search_batch``
+over ``--batch`` questions on ``--threads`` threads (queries encoded in batches), queries/s.
+
+Evaluation only: nothing is trained on XQuAD-R.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import header_markdown, machine_info, markdown_table, percentile, run_main  # noqa: E402
+from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("query_encoders", nargs="*", default=["me5-small", "me5-small-student-k6"],
+                   help="query encoders: the teacher, students; NAME+int8 for int8 weights "
+                        "[default: me5-small me5-small-student-k6]")
+    p.add_argument("--model", default="me5-small", help="document encoder (the teacher)")
+    p.add_argument("--index", type=Path, required=True, help="pooled XQuAD-R index folder (built if absent)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
+    p.add_argument("--langs", nargs="+")
+    p.add_argument("--queries", type=int, default=300, help="questions timed one at a time")
+    p.add_argument("--batch", type=int, default=1000, help="questions in the throughput run")
+    p.add_argument("--threads", type=int, default=2, help="threads of the throughput run")
+    p.add_argument("--rerank-depth", type=int, default=50)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    args.langs = parse_langs(args.langs, args.data)
+    return args
+
+
+def timed(fn: Callable[[str], Any], texts: Sequence[str], warm: int = 20) -> list[float]:
+    """Seconds per call of ``fn`` on each text, after ``warm`` untimed calls."""
+    for text in texts[:warm]:
+        fn(text)
+    out = []
+    for text in texts:
+        t0 = time.perf_counter()
+        fn(text)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from vecplug.api import Index, settings_for
+    from vecplug.types import Document
+
+    info = machine_info()
+    print(header_markdown("Query latency, end to end", info), flush=True)
+    data = load_xquad_r(args.data, args.langs)
+    questions = [q.text for lang in data.langs for q in data.by_lang[lang].questions]
+    rng = np.random.default_rng(0)
+    sample = [questions[i] for i in rng.choice(len(questions), args.queries, replace=False)]
+    batch = [questions[i] for i in rng.choice(len(questions), min(args.batch, len(questions)), replace=False)]
+
+    settings = settings_for(str(args.index), model={"document": args.model})
+    with Index.open(settings, create=True) as index:  # unchanged documents are skipped
+        index.add_documents([Document(s.doc_id, s.text, f"xquad-r/{s.lang}", s.index, s.lang)
+                             for s in data.sentences()], progress=True)
+        documents, debias = index.store.count(), bool(index.manifest.get("debias"))
+
+    rows: list[dict[str, Any]] = []
+    for spec in args.query_encoders:
+        base, _, quantize = spec.partition("+")
+        model = {"query": base, "query_quantize": quantize or None}
+        with Index.open(settings_for(str(args.index), model=model)) as index:
+            student = index.encoder.query_info.teacher is not None
+            stages: list[tuple[str, Callable[[str], Any]]] = [
+                ("encode", lambda t: index.encoder.encode_queries([t])),
+                ("xy", lambda t: index.search(t, 10, mode="xy")),
+                ("mono", lambda t: index.search(t, 10, mode="mono")),
+            ]
+            if student:
+                stages.append(("xy + teacher rerank", lambda t: index.search(
+                    t, 10, mode="xy", rerank="teacher", rerank_depth=args.rerank_depth)))
+            torch.set_num_threads(1)
+            for name, fn in stages:
+                fn(sample[0])  # models (the reranker's teacher too) load outside the clock
+                lat = timed(fn, sample)
+                rows.append({"query_encoder": spec, "stage": name, "threads": 1,
+                             "p50_ms": 1000 * percentile(lat, 50), "p95_ms": 1000 * percentile(lat, 95),
+                             "mean_ms": 1000 * float(np.mean(lat))})
+                print(f"{spec} {name}: p50 {rows[-1]['p50_ms']:.1f} ms", file=sys.stderr, flush=True)
+            torch.set_num_threads(args.threads)
+            index.search_batch(batch[:32], 10, mode="xy")
+            t0 = time.perf_counter()
+            index.search_batch(batch, 10, mode="xy")
+            seconds = time.perf_counter() - t0
+            rows.append({"query_encoder": spec, "stage": "xy, batched", "threads": args.threads,
+                         "queries_per_s": len(batch) / seconds, "batch": len(batch)})
+    return {"benchmark": "query_latency", "machine": info, "langs": data.langs, "documents": documents,
+            "debias": debias, "queries": len(sample), "rerank_depth": args.rerank_depth, "rows": rows}
+
+
+def render(r: dict[str, Any]) -> str:
+    headers = ["query encoder", "what is timed", "threads", "p50 ms", "p95 ms", "queries/s"]
+    rows = [[x["query_encoder"], x["stage"], str(x["threads"]),
+             f"{x['p50_ms']:.1f}" if "p50_ms" in x else "-", f"{x['p95_ms']:.1f}" if "p95_ms" in x else "-",
+             f"{x['queries_per_s']:.0f}" if "queries_per_s" in x else f"{1000 / x['mean_ms']:.0f}"]
+            for x in r["rows"]]
+    return "\n".join([
+        f"Pooled XQuAD-R index of {r['documents']:,} sentences ({', '.join(r['langs'])}), hnswlib, "
+        f"language-bias correction {'on' if r['debias'] else 'off'}; top 10. One query at a time: "
+        f"{r['queries']} questions of every language, in-process `Index.search` (language detection, "
+        f"encoding, search, records; the teacher rerank re-scores the top {r['rerank_depth']}). "
+        "queries/s of a one-at-a-time row is 1 / mean latency; 'batched' is `search_batch`.",
+        "", markdown_table(headers, rows, "llrrrr")])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(parse_args, run, render, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
