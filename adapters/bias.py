@@ -119,7 +119,10 @@ def exact_scores(store: Any, means: LanguageMeans | None, vector: np.ndarray,
                  query_lang: str | None, hits: Sequence[StoreHit]) -> np.ndarray:
     """Exact scores of the candidates' stored vectors for a query vector: plain cosine, or
     (``means`` given) centred cosine, the query centred by its language's mean."""
-    vecs = store.vectors([h.record.id for h in hits])
+    if hits and all(h.vector is not None for h in hits):  # the first stage had them at hand
+        vecs = np.stack([np.asarray(h.vector, dtype=np.float32) for h in hits])
+    else:
+        vecs = store.vectors([h.record.id for h in hits])
     query = np.asarray(vector, dtype=np.float32)
     if means is not None:
         vecs = means.centre(vecs, [h.record.lang for h in hits])
@@ -134,7 +137,7 @@ def rescore(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: st
         return []
     scores = exact_scores(store, means, vector, query_lang, hits)
     order = np.argsort(-scores, kind="stable")
-    return [StoreHit(hits[i].record, float(scores[i])) for i in order]
+    return [StoreHit(hits[i].record, float(scores[i]), hits[i].vector) for i in order]
 
 
 def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: str | None,

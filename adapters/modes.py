@@ -72,6 +72,6 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
 
 def apply_preference(hits: Sequence[StoreHit], query_lang: str | None, boost: float) -> list[StoreHit]:
     """``prefer``: documents in the query's language get ``boost`` added; re-sorted, best first."""
-    boosted = [StoreHit(h.record, h.score + boost) if query_lang and h.record.lang == query_lang else h
+    boosted = [StoreHit(h.record, h.score + boost, h.vector) if query_lang and h.record.lang == query_lang else h
                for h in hits]
     return sorted(boosted, key=lambda h: -h.score)

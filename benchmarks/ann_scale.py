@@ -6,7 +6,7 @@ subprocesses (so that a peak RSS is that configuration's alone):
 * build: vectors are upserted through the store in batches (``--batch``, 10k) with records
   like an indexing run's (id, short text ``"doc 123"``, a language cycling over 6 codes), and
   committed every ``--commit-every`` vectors (10k; ``0``: once at the end) and at the end, as
-  ``vecplug index`` does (it commits every 4096 documents). Reported: wall time (create +
+  ``vecplug index`` does (every 4096 documents, spaced out once commits get slow). Reported: wall time (create +
   upserts + commits + close; reading the vectors from the data file is not counted),
   vectors/s, the time spent in commits (each one's in the JSON), the process's peak RSS, and
   the index folder's bytes per vector (allocated blocks: Qdrant preallocates sparse files;
@@ -26,8 +26,8 @@ Peak RSS is ``VmHWM`` of the worker's own address space, not ``ru_maxrss``: Linu
 Backends:
 
 * ``hnswlib``: :class:`vecplug.adapters.stores.hnsw.HnswStore` (hnswlib graph + SQLite records).
-  The store takes ``ef_search`` as a store option when opened (no per-query ef), so the ef
-  sweep runs one serve process per ef, each opening the store once with that option: each row
+  The ef sweep opens the store with ``ef_search`` as its option (``search(..., ef=)`` would do the
+  same per query), one serve process per ef, each opening the store once with that option: each row
   is what a user with that setting gets, record lookups included. (Reopening in one process
   would measure glibc instead: freed graphs stay in its heap, 650 MB after 5 opens at 100k.)
   The serve RSS and open time shown are those of the default-ef process;
@@ -75,7 +75,7 @@ data and ground truth are cached in the work folder under a key of their paramet
 ``--sweep``: raw hnswlib at the smallest size for M in {12, 16, 24, 32} x ef_construction in
 {100, 200}, with the same ef sweep: which settings reach ``--target-recall`` (0.99) at what
 latency, memory and build time (the store's defaults, M=16, ef_construction=200,
-ef_search=64, should come out of this).
+ef_search=128 since this benchmark, come out of this).
 
 Run time, from runs on the 2-core machine while other jobs ran (a quiet machine is faster):
 
@@ -84,8 +84,8 @@ Run time, from runs on the 2-core machine while other jobs ran (a quiet machine 
   process per ef, one for the filtered searches) ~30 s. At 1M (extrapolated): graph insertion
   slows with size (log n, and the graph no longer fits in cache): ~15-20 min of upserts; the
   100 commits each write and hash the whole graph (up to 1.7 GB; ~85 GB written in all):
-  ~5-10 min; serve ~2 min (every store search also runs ``SELECT COUNT(*)``, ~7 ms at 1M
-  rows): about 25-30 min;
+  ~5-10 min; serve ~2 min: about 25-30 min (measured: ``--commit-every 100000``, the
+  cadence ``vecplug index`` reaches once commits take seconds, about 20 min);
 * raw hnswlib: a little less than the store's upserts: ~1 min at 100k, ~15-20 min at 1M;
 * embedded Qdrant: each commit's ``optimize()`` takes longer as the index grows (10k commits:
   6, 9, 11, 12 s at 10k-40k; 25k commits: 21, 27, 37, 37 s at 25k-100k; one 100k commit: 139

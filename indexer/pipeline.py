@@ -1,9 +1,9 @@
 """The indexing pipeline: documents -> language -> vectors -> store, in batches.
 
 A batch is committed every ``commit_every`` documents (less often once commits get slow: see
-:data:`COMMIT_TIME_SHARE`), so an interrupted run keeps what it finished; re-running skips documents whose text is already in the index unchanged, and
-with ``prune`` removes the documents the source no longer has. A run that changes nothing
-writes nothing.
+:data:`COMMIT_TIME_SHARE`), so an interrupted run keeps what it finished; re-running skips
+documents whose text is already in the index unchanged, and with ``prune`` removes the
+documents the source no longer has. A run that changes nothing writes nothing.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def batched(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
 
 #: At most about this share of an indexing run goes to commits. A commit rewrites the graph
 #: (hnswlib) or optimises segments (embedded Qdrant), so its cost grows with the index: about
-#: 8 s at a million 384-d vectors, against ~50 s to encode 4,096 documents. When the last
+#: 10 s at a million 384-d vectors (benchmarks/ann_scale.py), against ~50 s to encode 4,096 documents. When the last
 #: commit took more than :data:`SLOW_COMMIT` seconds, the next waits until the time since it
 #: is at least (1 - share) / share times as long. An interrupted run loses at most that much work.
 COMMIT_TIME_SHARE = 0.1

@@ -26,7 +26,7 @@ def test_tiny_run_reports_sane_numbers(ann_scale, tmp_path: Path, capsys: pytest
     out = tmp_path / "ann.json"
     work = tmp_path / "work"
     argv = ["--sizes", "3000", "--dim", "32", "--queries", "50", "--filtered-queries", "30",
-            "--ef", "16", "128", "--batch", "1000", "--commit-every", "2000", "--threads", "1",
+            "--ef", "16", "64", "--batch", "1000", "--commit-every", "2000", "--threads", "1",
             "--work", str(work), "--json", str(out)]
     assert ann_scale.main(argv) == 0
     r = json.loads(out.read_text())
@@ -59,7 +59,7 @@ def test_tiny_run_reports_sane_numbers(ann_scale, tmp_path: Path, capsys: pytest
         assert high["recall"] >= 0.9
     # the store and the raw index hold the same graph: the same answers at the same ef
     store, raw = (next(x for x in r["rows"] if x["backend"] == b) for b in ("hnswlib", "raw-hnswlib"))
-    assert [s["ef"] for s in store["serve"]["sweep"]] == [16, 64, 128]  # the default ef joins the sweep
+    assert [s["ef"] for s in store["serve"]["sweep"]] == [16, 64, 128]  # the default ef (128) joins the sweep
     qdrant = next(x for x in r["rows"] if x["backend"] == "qdrant")
     assert qdrant["serve"]["sweep"][0]["ef"] == "default"
     md = capsys.readouterr().out

@@ -121,6 +121,7 @@ def test_empty_index_searches(target: tuple[type, str, dict[str, Any]]) -> None:
         store.close()
 
 
+@pytest.mark.filterwarnings("ignore:Local mode performs exact")  # qdrant-client's stand-in server
 def test_search_breadth_per_query(target: tuple[type, str, dict[str, Any]]) -> None:
     """``ef`` is accepted by every store, and a wide search finds the exact neighbours."""
     cls, location, options = target
@@ -134,6 +135,27 @@ def test_search_breadth_per_query(target: tuple[type, str, dict[str, Any]]) -> N
             hits = store.search(vecs[i], 10, ef=400)
             assert [h.record.id for h in hits] == [f"doc/{j}.txt#0" for j in exact]
             assert len(store.search(vecs[i], 10, ["de"], ef=12)) == 10
+    finally:
+        store.close()
+
+
+def test_hits_carry_vectors_only_when_right(target: tuple[type, str, dict[str, Any]]) -> None:
+    """A hit's optional vector, when a store gives one, is the stored vector (a second stage
+    uses it instead of fetching again)."""
+    cls, location, options = target
+    vecs = unit_vectors(50, DIM, seed=6)
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    try:
+        store.upsert(records(50), vecs)
+        store.commit()
+        for langs in (None, ["de"], ["en", "zh"]):
+            hits = store.search(vecs[4], 8, langs)
+            given = [h for h in hits if h.vector is not None]
+            if given:
+                np.testing.assert_allclose(np.stack([h.vector for h in given]),
+                                           store.vectors([h.record.id for h in given]), atol=1e-6)
+        if cls.name == "hnswlib":  # its filtered search over a small language is exact, vectors at hand
+            assert all(h.vector is not None for h in store.search(vecs[4], 8, ["de"]))
     finally:
         store.close()
 

@@ -102,7 +102,7 @@ def order_by_scores(candidates: Sequence[StoreHit], scores: Sequence[float]) -> 
     """
     if len(scores) != len(candidates):
         raise ValueError(f"{len(scores)} scores for {len(candidates)} candidates")
-    rescored = [StoreHit(h.record, float(s)) for h, s in zip(candidates, scores)]
+    rescored = [StoreHit(h.record, float(s), h.vector) for h, s in zip(candidates, scores)]
     order = sorted(range(len(rescored)),
                    key=lambda i: -rescored[i].score if math.isfinite(rescored[i].score) else math.inf)
     return [rescored[i] for i in order]

@@ -37,6 +37,9 @@ class Record:
 class StoreHit:
     record: Record
     score: float
+    #: the stored vector, when the store had it at hand while searching (None otherwise):
+    #: spares a second stage fetching it again (hnswlib's get_items costs ~0.1 ms a vector)
+    vector: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def search(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str] | None = None,
