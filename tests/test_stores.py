@@ -135,6 +135,10 @@ def test_search_breadth_per_query(target: tuple[type, str, dict[str, Any]]) -> N
             hits = store.search(vecs[i], 10, ef=400)
             assert [h.record.id for h in hits] == [f"doc/{j}.txt#0" for j in exact]
             assert len(store.search(vecs[i], 10, ["de"], ef=12)) == 10
+            # a filter over a small part of the index is answered exactly
+            de = [j for j, r in enumerate(records(400)) if r.lang == "de"]
+            exact_de = [f"doc/{de[j]}.txt#0" for j in np.argsort(-(vecs[de] @ vecs[i]))[:10]]
+            assert [h.record.id for h in store.search(vecs[i], 10, ["de"])] == exact_de
     finally:
         store.close()
 

@@ -41,6 +41,12 @@ STAMP = ".verified.json"  # the shard files as last seen matching their checksum
 PROBE = STAMP + ".probe-"  # a one-page file that tells whether stats can be trusted (qdrant_files)
 UND = "und"
 _BATCH = 256
+# A filtered query whose filter matches fewer vectors than this is answered by exact search over
+# them (Qdrant's full_scan_threshold, counted in KB of vectors). Qdrant's default (10,000 KB:
+# ~6,700 384-d vectors) sent a one-language filter over 16,667 of 100k vectors to the filtered
+# HNSW walk, which found 58% of the exact top 10 (benchmarks/ann_scale.py); exact: 100%, ~6 ms.
+# 20,000 vectors, as the hnswlib store's EXACT_FILTER_LIMIT.
+EXACT_FILTER_VECTORS = 20_000
 SNAPSHOT_WAIT = 30.0  # seconds a reader tries to copy a shard that a writer keeps changing
 COPY_LOCK = "copy.lock"  # shared while readers copy the shard, exclusive while it changes
 TURN_LOCK = "turn.lock"  # shared while readers wait for a copy: the writer lets them in first
@@ -537,7 +543,11 @@ class _Edge:
                 self.folder, PROBE).reads_fill_holes else SETTLE_RESERVE, "create an index", _FILLS)
             with _engine(self.where, self.folder):
                 self.shard = q.EdgeShard.create(self.path, q.EdgeConfig(
-                    vectors=q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)))
+                    vectors=q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine),
+                    # m and ef_construct are Qdrant's defaults; only the full-scan threshold changes
+                    hnsw_config=q.HnswIndexConfig(
+                        m=16, ef_construct=100,
+                        full_scan_threshold=math.ceil(EXACT_FILTER_VECTORS * dim * 4 / 1024))))
                 self.shard.update(q.UpdateOperation.create_field_index("lang", q.PayloadSchemaType.Keyword))
                 self.shard.flush()
             self._record(meta, settled=False)
