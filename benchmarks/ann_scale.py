@@ -26,19 +26,16 @@ Peak RSS is ``VmHWM`` of the worker's own address space, not ``ru_maxrss``: Linu
 Backends:
 
 * ``hnswlib``: :class:`vecplug.adapters.stores.hnsw.HnswStore` (hnswlib graph + SQLite records).
-  The ef sweep opens the store with ``ef_search`` as its option (``search(..., ef=)`` would do the
-  same per query), one serve process per ef, each opening the store once with that option: each row
-  is what a user with that setting gets, record lookups included. (Reopening in one process
-  would measure glibc instead: freed graphs stay in its heap, 650 MB after 5 opens at 100k.)
-  The serve RSS and open time shown are those of the default-ef process;
+  The ef sweep opens the store once and passes each ef per query (``search(..., ef=)``, as
+  ``vecplug search --ef`` does): each row is what a user with that ef gets, record lookups
+  included;
 * ``qdrant``: the embedded :class:`vecplug.adapters.stores.qdrant.QdrantStore` (Qdrant Edge).
   Its commit flushes and runs the engine's ``optimize()`` (HNSW build; the JSON records how
   many vectors are in HNSW after the last commit), so the index searched is the one a vecplug
   user gets after ``commit()``. The row ``default`` is ``store.search`` as is (no
   ``hnsw_ef``: the engine's default, whose recall falls between ef=64 and ef=128, as Qdrant's
-  ef_construct = 100 would); the ef rows query the store's engine with
-  ``SearchParams(hnsw_ef=ef)`` through the store's private shard handle (the store has no such
-  option), payload included, as the store asks for it;
+  ef_construct = 100 would); the ef rows are ``store.search(..., ef=)`` (the engine's
+  ``hnsw_ef``);
 * ``raw-hnswlib``: ``hnswlib.Index`` directly with the same M / ef_construction, sized for all
   vectors up front, saved with ``save_index``, ``set_ef`` per ef in one process: the reference
   that shows the store's overhead (SQLite records and their checksums, graph growth by
@@ -81,7 +78,7 @@ Run time, from runs on the 2-core machine while other jobs ran (a quiet machine 
 
 * data and exact top-10: 4 s at 100k, about 1 min at 1M;
 * hnswlib store at 100k: build 65 s (1,540 vectors/s; 5 s of it in 10 commits), serve (one
-  process per ef, one for the filtered searches) ~30 s. At 1M (extrapolated): graph insertion
+  process for the sweep, one for the filtered searches) ~30 s. At 1M (extrapolated): graph insertion
   slows with size (log n, and the graph no longer fits in cache): ~15-20 min of upserts; the
   100 commits each write and hash the whole graph (up to 1.7 GB; ~85 GB written in all):
   ~5-10 min; serve ~2 min: about 25-30 min (measured: ``--commit-every 100000``, the
@@ -515,51 +512,22 @@ def _serve(spec: dict[str, Any]) -> dict[str, Any]:
             index.set_ef(ef)
             row = _timed(lambda i, q: index.knn_query(q, k=K)[0][0].tolist(), queries, gt)
             out["sweep"].append({"ef": ef, **row})
-    elif backend == "hnswlib":
-        from vecplug.adapters.stores.hnsw import HnswStore
-
-        # one ef per process in practice (see measure); the filtered searches at the default
-        for ef in spec["efs"] or [spec["default_ef"]]:
-            t0 = time.perf_counter()
-            store = HnswStore.open(folder, {"ef_search": ef})
-            if open_s is None:
-                open_s = time.perf_counter() - t0
-                out["rss_open"] = _rss_now()
-            try:
-                if spec["efs"]:
-                    row = _timed(lambda i, q: [_label(h) for h in store.search(q, K)], queries, gt)
-                    out["sweep"].append({"ef": ef, **row})
-                if nf:
-                    out["filtered"] = {"ef": ef, **_timed(
-                        lambda i, q: [_label(h) for h in store.search(q, K, [LANGS[i % len(LANGS)]])],
-                        queries[:nf], gtf[:nf])}
-            finally:
-                store.close()
-    else:
-        from qdrant_edge import Query, QueryRequest, SearchParams
-
-        from vecplug.adapters.stores.qdrant import QdrantStore
+    else:  # a vecplug store: the ef of each query through its own search(..., ef=)
+        from vecplug.adapters.stores import get_store_class
 
         t0 = time.perf_counter()
-        store = QdrantStore.open(folder, {})
+        store = get_store_class(backend).open(folder, {})
         open_s = time.perf_counter() - t0
         out["rss_open"] = _rss_now()
-        shard = store._b.shard  # noqa: SLF001 - the store has no hnsw_ef option: ask its engine
-
-        def engine_search(q: np.ndarray, ef: int) -> list[int]:
-            res = shard.query(QueryRequest(query=Query.Nearest(q.tolist()), limit=K, with_payload=True,
-                                           params=SearchParams(hnsw_ef=ef)))
-            return [int((p.payload or {})["_id"][1:]) for p in res]
-
+        # hnswlib: the store's ef_search is one of the swept efs; Qdrant: its engine's default
+        efs: list[Any] = list(spec["efs"]) if backend == "hnswlib" or not spec["efs"] else ["default", *spec["efs"]]
         try:
-            if spec["efs"]:
-                row = _timed(lambda i, q: [_label(h) for h in store.search(q, K)], queries, gt)
-                out["sweep"].append({"ef": "default", **row})
-            for ef in spec["efs"]:
-                row = _timed(lambda i, q, ef=ef: engine_search(q, ef), queries, gt)
+            for ef in efs:
+                row = _timed(lambda i, q, ef=ef: [_label(h) for h in store.search(
+                    q, K, ef=None if ef == "default" else ef)], queries, gt)
                 out["sweep"].append({"ef": ef, **row})
             if nf:
-                out["filtered"] = {"ef": "default", **_timed(
+                out["filtered"] = {"ef": spec["default_ef"] if backend == "hnswlib" else "default", **_timed(
                     lambda i, q: [_label(h) for h in store.search(q, K, [LANGS[i % len(LANGS)]])],
                     queries[:nf], gtf[:nf])}
         finally:
@@ -620,15 +588,7 @@ def measure(args: argparse.Namespace, backend: str, data: dict[str, Any], work: 
     print(f"[{label}] built in {build['build_s']:.1f}s; searching ...", file=sys.stderr, flush=True)
     serve_spec = {**base, "role": "serve", "queries": paths["queries"], "gt": paths["gt"], "gtf": paths["gtf"],
                   "efs": args.ef, "filtered_queries": 0}
-    if backend == "hnswlib":
-        # the store takes ef_search when opened: one fresh process per ef, each opening the index
-        # once (reopening in one process measures the allocator: glibc keeps freed graphs)
-        parts = [_spawn({**serve_spec, "efs": [ef]}, work) for ef in args.ef]
-        serve = next(x for x, ef in zip(parts, args.ef) if ef == args.default_ef)
-        serve = {**serve, "sweep": [{**x["sweep"][0], "serve_rss_peak": x["serve_rss_peak"], "open_s": x["open_s"]}
-                                    for x in parts]}
-    else:
-        serve = _spawn(serve_spec, work)
+    serve = _spawn(serve_spec, work)
     if backend != "raw-hnswlib" and args.filtered_queries:
         # in a process of its own: the store's filter caches do not count in the plain serve RSS
         part = _spawn({**serve_spec, "efs": [], "filtered_queries": args.filtered_queries}, work)
@@ -744,8 +704,7 @@ def render(r: dict[str, Any]) -> str:
            + f"; each build and each serve step in a fresh process on {p['threads']} CPU(s); hnswlib "
            f"M={p['M']}, ef_construction={p['ef_construction']} (store default ef_search {p['default_ef']}). "
            "RSS: peak of the process (MB = MiB); serve = a fresh process that opens the index and "
-           "runs the unfiltered searches below (the hnswlib store: one process per ef, the figure is the "
-           "default ef's); disk: allocated bytes of the index folder per vector.", ""]
+           "runs the unfiltered searches below; disk: allocated bytes of the index folder per vector.", ""]
     headers = ["size", "centres", "NN1 cos p10/p50/p90", "NN10 cos p50", "random pair cos p50", "data s", "exact top-10 s"]
     drows = [[f"{int(n):,}", f"{s['centres']:,}", "/".join(f"{x:.3f}" for x in s["nn1_cos"]), fmt(s["nn10_cos"][1]),
               fmt(s["random_cos"][1]), f"{s['generate_s']:.1f}", f"{s['ground_truth_s']:.1f}"]
@@ -767,7 +726,7 @@ def render(r: dict[str, Any]) -> str:
                 ef = str(row["ef"]) + (" (default)" if row["ef"] == p["default_ef"] and backend == "hnswlib" else "")
                 table.append((head if i == 0 else [""] * len(head))
                              + [ef, fmt(row["recall"], 4), fmt(row["p50_ms"]), fmt(row["p95_ms"])])
-        title = {"hnswlib": "vecplug hnswlib store (HnswStore; ef = store option ef_search)",
+        title = {"hnswlib": "vecplug hnswlib store (HnswStore; ef per query)",
                  "qdrant": "vecplug embedded Qdrant store (QdrantStore; default = store.search, "
                            "ef = engine hnsw_ef)",
                  "raw-hnswlib": "raw hnswlib (hnswlib.Index, sized up front, save_index; reference)"}[backend]

@@ -1,6 +1,8 @@
 """One battery for every store: the contract of vecplug.adapters.stores.base.VectorStore."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,47 +123,48 @@ def test_empty_index_searches(target: tuple[type, str, dict[str, Any]]) -> None:
         store.close()
 
 
+@contextmanager
+def committed(target: tuple[type, str, dict[str, Any]], vecs: np.ndarray) -> Iterator[Any]:
+    """A new store holding ``records(len(vecs))`` with ``vecs``, committed; closed after."""
+    cls, location, options = target
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    try:
+        store.upsert(records(len(vecs)), vecs)
+        store.commit()
+        yield store
+    finally:
+        store.close()
+
+
 @pytest.mark.filterwarnings("ignore:Local mode performs exact")  # qdrant-client's stand-in server
 def test_search_breadth_per_query(target: tuple[type, str, dict[str, Any]]) -> None:
     """``ef`` is accepted by every store, and a wide search finds the exact neighbours."""
-    cls, location, options = target
     vecs = unit_vectors(400, DIM, seed=3)
-    store = cls.create(location, DIM, {"dim": DIM}, options)
-    try:
-        store.upsert(records(400), vecs)
-        store.commit()
+    de = [j for j, r in enumerate(records(400)) if r.lang == "de"]
+    with committed(target, vecs) as store:
         for i in (0, 99, 321):
             exact = np.argsort(-(vecs @ vecs[i]))[:10]
             hits = store.search(vecs[i], 10, ef=400)
             assert [h.record.id for h in hits] == [f"doc/{j}.txt#0" for j in exact]
             assert len(store.search(vecs[i], 10, ["de"], ef=12)) == 10
             # a filter over a small part of the index is answered exactly
-            de = [j for j, r in enumerate(records(400)) if r.lang == "de"]
             exact_de = [f"doc/{de[j]}.txt#0" for j in np.argsort(-(vecs[de] @ vecs[i]))[:10]]
             assert [h.record.id for h in store.search(vecs[i], 10, ["de"])] == exact_de
-    finally:
-        store.close()
 
 
 def test_hits_carry_vectors_only_when_right(target: tuple[type, str, dict[str, Any]]) -> None:
     """A hit's optional vector, when a store gives one, is the stored vector (a second stage
     uses it instead of fetching again)."""
-    cls, location, options = target
     vecs = unit_vectors(50, DIM, seed=6)
-    store = cls.create(location, DIM, {"dim": DIM}, options)
-    try:
-        store.upsert(records(50), vecs)
-        store.commit()
+    with committed(target, vecs) as store:
         for langs in (None, ["de"], ["en", "zh"]):
             hits = store.search(vecs[4], 8, langs)
             given = [h for h in hits if h.vector is not None]
             if given:
                 np.testing.assert_allclose(np.stack([h.vector for h in given]),
                                            store.vectors([h.record.id for h in given]), atol=1e-6)
-        if cls.name == "hnswlib":  # its filtered search over a small language is exact, vectors at hand
+        if target[0].name == "hnswlib":  # its filtered search over a small language is exact, vectors at hand
             assert all(h.vector is not None for h in store.search(vecs[4], 8, ["de"]))
-    finally:
-        store.close()
 
 
 def test_hnswlib_ef_is_per_query(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
+from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT, Record, StoreHit, VectorStore
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -58,9 +58,6 @@ STAMP_NAME = ".verified.json"
 # chosen by benchmarks/ann_scale.py (README "Speed"): at 100k clustered 384-d vectors, ef 128
 # finds 98% of the true top 10 (ef 64: 95%) for ~0.4 ms more, next to 15-40 ms of query encoding
 DEFAULTS = {"M": 16, "ef_construction": 200, "ef_search": 128}
-# Below this many candidates a language filter is answered by exact search: cheaper than
-# a filtered graph walk and never short of results.
-EXACT_FILTER_LIMIT = 20000
 # a reader that finds the graph file of the generation it just read gone (a writer
 # committed in between) reads the commit record again, this many times
 _OPEN_RETRIES = 5

@@ -156,7 +156,6 @@ check +0.06 s, a reader's ``close`` +6 ms, ``verify()`` 0.04 s for the files, 0.
 from __future__ import annotations
 
 import copy
-import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -165,8 +164,8 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
-from vecplug.adapters.stores.qdrant_edge import (EXACT_FILTER_VECTORS, UND, _BATCH, Hits, _dense, _Edge,
-                                                 _point_id)
+from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, _dense, _Edge, _point_id,
+                                                 full_scan_threshold)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
 from vecplug.errors import (CorruptIndexError, IndexNotFoundError, MissingDependencyError,
                              VecplugError)
@@ -254,12 +253,11 @@ class _Server:
             if self.meta() is None:  # someone else's collection: never drop it
                 raise VecplugError(f"{self.where} exists and is not a vecplug index")
             _retry(self.client.delete_collection, self.name)
-        # a filter matching few vectors is searched exactly, as in the embedded store (see
-        # EXACT_FILTER_VECTORS in qdrant_edge); a server keeps its other HNSW defaults
-        threshold = math.ceil(EXACT_FILTER_VECTORS * dim * 4 / 1024)
+        # a filter matching few vectors is searched exactly, as in the embedded store; a server
+        # keeps its other HNSW defaults
         _retry(self.client.create_collection, self.name, metadata={META_KEY: meta},
                vectors_config=self.m.VectorParams(size=dim, distance=self.m.Distance.COSINE),
-               hnsw_config=self.m.HnswConfigDiff(full_scan_threshold=threshold))
+               hnsw_config=self.m.HnswConfigDiff(full_scan_threshold=full_scan_threshold(dim)))
         with warnings.catch_warnings():  # local mode warns that payload indexes are no-ops
             warnings.simplefilter("ignore")
             _retry(self.client.create_payload_index, self.name, "lang",

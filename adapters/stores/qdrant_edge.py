@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT
 from vecplug.adapters.stores.qdrant_files import (
     ENGINE_RESERVE, FORMAT, OPTIMIZE_REFUSED, REDO, SETTLE_RESERVE, SHARD, SNAPSHOT_RESERVE, Files, Stats, _aged,
     _allocated, _check_files, _commit_need, _copy_shard, _digest, _engine, _engine_call,
@@ -41,12 +42,6 @@ STAMP = ".verified.json"  # the shard files as last seen matching their checksum
 PROBE = STAMP + ".probe-"  # a one-page file that tells whether stats can be trusted (qdrant_files)
 UND = "und"
 _BATCH = 256
-# A filtered query whose filter matches fewer vectors than this is answered by exact search over
-# them (Qdrant's full_scan_threshold, counted in KB of vectors). Qdrant's default (10,000 KB:
-# ~6,700 384-d vectors) sent a one-language filter over 16,667 of 100k vectors to the filtered
-# HNSW walk, which found 58% of the exact top 10 (benchmarks/ann_scale.py); exact: 100%, ~6 ms.
-# 20,000 vectors, as the hnswlib store's EXACT_FILTER_LIMIT.
-EXACT_FILTER_VECTORS = 20_000
 SNAPSHOT_WAIT = 30.0  # seconds a reader tries to copy a shard that a writer keeps changing
 COPY_LOCK = "copy.lock"  # shared while readers copy the shard, exclusive while it changes
 TURN_LOCK = "turn.lock"  # shared while readers wait for a copy: the writer lets them in first
@@ -84,6 +79,13 @@ class _Copy(NamedTuple):
     key: tuple[int, int, int] | None
     snap: _Snapshot | None
     shard: Any
+
+
+def full_scan_threshold(dim: int) -> int:
+    """Qdrant's full_scan_threshold (KB of float32 vectors) for EXACT_FILTER_LIMIT vectors of
+    ``dim``. Qdrant's default, 10,000 KB, is ~6,700 384-d vectors: a one-language filter over
+    16,667 of 100k went to the filtered graph walk."""
+    return math.ceil(EXACT_FILTER_LIMIT * dim * 4 / 1024)
 
 
 class _Edge:
@@ -547,7 +549,7 @@ class _Edge:
                     # m and ef_construct are Qdrant's defaults; only the full-scan threshold changes
                     hnsw_config=q.HnswIndexConfig(
                         m=16, ef_construct=100,
-                        full_scan_threshold=math.ceil(EXACT_FILTER_VECTORS * dim * 4 / 1024))))
+                        full_scan_threshold=full_scan_threshold(dim))))
                 self.shard.update(q.UpdateOperation.create_field_index("lang", q.PayloadSchemaType.Keyword))
                 self.shard.flush()
             self._record(meta, settled=False)
