@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -58,6 +59,10 @@ STAMP_NAME = ".verified.json"
 # chosen by benchmarks/ann_scale.py (README "Speed"): at 100k clustered 384-d vectors, ef 128
 # finds 98% of the true top 10 (ef 64: 95%) for ~0.4 ms more, next to 15-40 ms of query encoding
 DEFAULTS = {"M": 16, "ef_construction": 200, "ef_search": 128}
+#: a large language filter first asks the graph, unfiltered, for this many times the share of
+#: neighbours it needs (see HnswStore._filtered_knn), up to POSTFILTER_MAX_FETCH of them
+POSTFILTER_MARGIN = 4.0
+POSTFILTER_MAX_FETCH = 1000
 # a reader that finds the graph file of the generation it just read gone (a writer
 # committed in between) reads the commit record again, this many times
 _OPEN_RETRIES = 5
@@ -141,7 +146,10 @@ class HnswStore(VectorStore):
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
         self._broken = False  # a commit failed: no more writes through this handle
-        self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | None]] = {}
+        self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
+        #: the last unfiltered walk for a large filter: (query, ef), neighbours asked, found. A
+        #: corrected search asks for every language with the same query (adapters/bias.py)
+        self._last_walk: tuple[tuple[bytes, int | None], int, list[tuple[int, float]]] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -403,7 +411,7 @@ class HnswStore(VectorStore):
                 raise _sqlite_error(exc, self.folder / DB_NAME) from exc
             self._meta, self._index = meta, index
             self._next_label = int(meta["next_label"])
-            self._filter_cache.clear()
+            self._forget_searches()
 
     def get(self, ids: Sequence[str]) -> list[Record]:
         found: dict[str, Record] = {}
@@ -469,25 +477,53 @@ class HnswStore(VectorStore):
                 key = tuple(sorted(set(langs)))
                 if key not in self._filter_cache:
                     self._filter_cache[key] = self._filter_candidates(key)
-                labels, vecs = self._filter_cache[key]
+                labels, vecs_or_set = self._filter_cache[key]
                 if not len(labels):
                     return []
-                if vecs is not None:
-                    scores = vecs @ vector[0]
-                    top = _top_k(scores, k)
-                    return self._hits([(int(labels[i]), float(scores[i])) for i in top], vecs[top])
-                allowed = set(labels.tolist())
-                pairs = self._knn(vector, min(k, len(labels)), lambda label: label in allowed, ef)
-            else:
-                pairs = self._knn(vector, k, None, ef)
-            return self._hits(pairs)
+                if not isinstance(vecs_or_set, np.ndarray):
+                    return self._hits(self._filtered_knn(vector, k, vecs_or_set, ef))
+                scores = vecs_or_set @ vector[0]
+                top = _top_k(scores, k)
+                return self._hits([(int(labels[i]), float(scores[i])) for i in top], vecs_or_set[top])
+            return self._hits(self._knn(vector, k, None, ef))
 
-    def _knn(self, vector: np.ndarray, k: int, filt: Any, ef: int | None) -> list[tuple[int, float]]:
+    def _forget_searches(self) -> None:
+        """Drop what searches cached: the records changed."""
+        self._filter_cache.clear()
+        self._last_walk = None
+
+    def _live(self) -> int:
         # a reader sees exactly the last commit, whose count its metadata holds: COUNT(*) on
         # every query would cost more than the search itself at a million records (~8 ms)
         committed = None if self._writable else self._meta.get("count")
-        live = int(committed) if committed is not None else self.count()
-        k = min(k, live)
+        return int(committed) if committed is not None else self.count()
+
+    def _filtered_knn(self, vector: np.ndarray, k: int, allowed: frozenset[int],
+                      ef: int | None) -> list[tuple[int, float]]:
+        """The ``k`` nearest of the labels ``allowed``, a filter too large for exact search.
+
+        hnswlib takes a filter as a Python callable, called for every node its walk visits:
+        ~22 ms for one language of six at a million vectors (benchmarks/ann_scale.py). The
+        filter's best matches are its first in the unfiltered order, so a walk without the
+        filter for ``k / share x POSTFILTER_MARGIN`` neighbours often holds ``k`` of them,
+        and they are then the right ones; only when it holds fewer does the filtered walk run.
+        Languages other than the query's lie further away, so they fall short more often:
+        the language-bias correction asks for every language with one query, and reuses one
+        unfiltered walk for all of them.
+        """
+        fetch = math.ceil(k * POSTFILTER_MARGIN * self._live() / max(len(allowed), 1))
+        if fetch <= POSTFILTER_MAX_FETCH:
+            key = (vector.tobytes(), ef)
+            last = self._last_walk
+            if last is None or last[0] != key or last[1] < fetch:  # a longer walk serves as well
+                last = self._last_walk = (key, fetch, self._knn(vector, fetch, None, ef))
+            kept = [p for p in last[2] if p[0] in allowed]
+            if len(kept) >= k:
+                return kept[:k]
+        return self._knn(vector, min(k, len(allowed)), allowed.__contains__, ef)
+
+    def _knn(self, vector: np.ndarray, k: int, filt: Any, ef: int | None) -> list[tuple[int, float]]:
+        k = min(k, self._live())
         if k <= 0:
             return []
         # set per call (under the mutex): ef is the index's state in hnswlib, not a query argument
@@ -501,18 +537,22 @@ class HnswStore(VectorStore):
                     return []
                 k = max(1, k // 2)
 
-    def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | None]:
-        """Labels of the records in ``langs``, with their vectors when few enough for exact search.
+    def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
+        """Labels of the records in ``langs``, with their vectors when few enough for exact
+        search, else the labels as a set for the graph walk's filter.
 
         Cached per language set until the next write: a filtered query then costs one
-        matrix-vector product instead of a database scan and a copy out of the graph.
+        matrix-vector product (or set lookups) instead of a database scan and a copy out of
+        the graph.
         """
         marks = ",".join("?" * len(langs))
         labels = np.asarray([r[0] for r in self._sql(
             f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks})", list(langs))],
             dtype=np.int64)
-        if not len(labels) or len(labels) > EXACT_FILTER_LIMIT:
-            return labels, None
+        if not len(labels):
+            return labels, np.zeros((0, self.dim), dtype=np.float32)
+        if len(labels) > EXACT_FILTER_LIMIT:
+            return labels, frozenset(labels.tolist())
         vecs = _items(self._index, labels.tolist())
         return labels, vecs
 
@@ -574,7 +614,7 @@ class HnswStore(VectorStore):
                     pass
             self._index.add_items(vectors, labels_arr)
             self._dirty = True
-            self._filter_cache.clear()
+            self._forget_searches()
 
     def delete(self, ids: Sequence[str]) -> None:
         self._check_writable()
@@ -584,7 +624,7 @@ class HnswStore(VectorStore):
                 if not row:
                     continue
                 self._sql("DELETE FROM records WHERE label = ?", (row[0][0],))
-                self._filter_cache.clear()
+                self._forget_searches()
                 if self._index is not None:
                     try:
                         self._index.mark_deleted(int(row[0][0]))
