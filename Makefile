@@ -8,7 +8,7 @@ DEMO_INDEX ?= .demo-index
 # torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs)
 TORCH ?= torch==2.13.0
 
-.PHONY: setup models demo test test-fast bench bench-speed bench-students bench-eval clean
+.PHONY: setup models demo test test-fast bench bench-speed bench-students bench-students-dim bench-eval clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,9 @@ bench-speed: models
 
 bench-students: models
 	bash benchmarks/students.sh
+
+bench-students-dim: models
+	bash benchmarks/students_dim.sh
 
 bench-eval: models
 	bash benchmarks/eval.sh

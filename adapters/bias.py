@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import StoreHit, search
+from vecplug.adapters.stores.base import StoreHit, row_dots, search
 
 UND = "und"
 #: a language's mean is shrunk towards the global mean as if it had this many extra
@@ -127,7 +127,7 @@ def exact_scores(store: Any, means: LanguageMeans | None, vector: np.ndarray,
     if means is not None:
         vecs = means.centre(vecs, [h.record.lang for h in hits])
         query = means.centre_query(query, query_lang)
-    return vecs @ query
+    return row_dots(vecs, query)
 
 
 def rescore(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: str | None,

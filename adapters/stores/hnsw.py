@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT, Record, StoreHit, VectorStore
+from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT, Record, StoreHit, VectorStore, row_dots
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -482,7 +482,7 @@ class HnswStore(VectorStore):
                     return []
                 if not isinstance(vecs_or_set, np.ndarray):
                     return self._hits(self._filtered_knn(vector, k, vecs_or_set, ef))
-                scores = vecs_or_set @ vector[0]
+                scores = row_dots(vecs_or_set, vector[0])
                 top = _top_k(scores, k)
                 return self._hits([(int(labels[i]), float(scores[i])) for i in top], vecs_or_set[top])
             return self._hits(self._knn(vector, k, None, ef))
