@@ -67,6 +67,30 @@ def timed(fn: Callable[[str], Any], texts: Sequence[str], warm: int = 20) -> lis
     return out
 
 
+def linear_time(model: Any, tokens: int, reps: int = 100) -> dict[str, Any] | None:
+    """The model's linear layers alone, run in order on one query of ``tokens`` tokens on the
+    current threads: how much of an encode is matrix multiplies, and at what rate. A query
+    makes thin matrices (``tokens`` rows), which run far below encode_speed.py's ceiling for
+    wide ones. None for int8 models (their layers are not ``nn.Linear``)."""
+    import torch
+
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    if not linears:
+        return None
+    inputs = {m.in_features: torch.randn(1, tokens, m.in_features) for m in linears}
+    flops = sum(2 * tokens * m.in_features * m.out_features for m in linears)
+    with torch.inference_mode():
+        for m in linears:
+            m(inputs[m.in_features])
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for m in linears:
+                m(inputs[m.in_features])
+    seconds = (time.perf_counter() - t0) / reps
+    return {"tokens": tokens, "layers": len(linears), "mflop": flops / 1e6, "ms": 1000 * seconds,
+            "gflops": flops / seconds / 1e9}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -88,6 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         documents, debias = index.store.count(), bool(index.manifest.get("debias"))
 
     rows: list[dict[str, Any]] = []
+    linears: dict[str, Any] = {}
     for spec in args.query_encoders:
         base, _, quantize = spec.partition("+")
         model = {"query": base, "query_quantize": quantize or None}
@@ -112,6 +137,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              "mean_ms": 1000 * float(np.mean(lat))})
                 print(f"{spec} {name} ({threads} threads): p50 {rows[-1]['p50_ms']:.1f} ms",
                       file=sys.stderr, flush=True)
+            torch.set_num_threads(1)
+            query = index.encoder.query
+            tokens = int(np.median([len(t) for t in query.tokenize(
+                sample, index.encoder.query_prefix, index.encoder.query_max_length)]))
+            linears[spec] = linear_time(query.model, tokens)
             torch.set_num_threads(args.threads)
             index.search_batch(batch[:32], 10, mode="xy")
             t0 = time.perf_counter()
@@ -120,7 +150,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"query_encoder": spec, "stage": "xy, batched", "threads": args.threads,
                          "queries_per_s": len(batch) / seconds, "batch": len(batch)})
     return {"benchmark": "query_latency", "machine": info, "langs": data.langs, "documents": documents,
-            "debias": debias, "queries": len(sample), "rerank_depth": args.rerank_depth, "rows": rows}
+            "debias": debias, "queries": len(sample), "rerank_depth": args.rerank_depth, "rows": rows,
+            "linears": linears}
 
 
 def render(r: dict[str, Any]) -> str:
@@ -135,7 +166,10 @@ def render(r: dict[str, Any]) -> str:
         f"{r['queries']} questions of every language, in-process `Index.search` (language detection, "
         f"encoding, search, records; the teacher rerank re-scores the top {r['rerank_depth']}). "
         "queries/s of a one-at-a-time row is 1 / mean latency; 'batched' is `search_batch`.",
-        "", markdown_table(headers, rows, "llrrrr")])
+        "", markdown_table(headers, rows, "llrrrr"), "",
+        *[f"- {spec}: its {x['layers']} linear layers alone, on one query of {x['tokens']} tokens (the "
+          f"median) on one thread: {x['ms']:.1f} ms for {x['mflop']:.0f} MFLOP, {x['gflops']:.0f} GFLOP/s"
+          for spec, x in r.get("linears", {}).items() if x]])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

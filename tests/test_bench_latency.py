@@ -1,0 +1,32 @@
+"""benchmarks/query_latency.py: the linear-layer timing that explains the encode time."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import query_latency
+
+    return query_latency
+
+
+def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny_model: Path) -> None:
+    from transformers import AutoModel
+
+    from vecplug.indexer.encoder import _int8
+
+    model = AutoModel.from_pretrained(str(tiny_model), add_pooling_layer=False)
+    x = bench.linear_time(model, tokens=7, reps=3)
+    # 2 layers x (query, key, value, attention output, intermediate, output); hidden 32, inner 64
+    assert x["layers"] == 12 and x["tokens"] == 7
+    assert x["mflop"] == pytest.approx(2 * 7 * 2 * (4 * 32 * 32 + 2 * 32 * 64) / 1e6)
+    assert x["ms"] > 0 and x["gflops"] == pytest.approx(x["mflop"] / x["ms"])
+    # int8 layers (as ``--int8`` makes them) are not nn.Linear: nothing to time
+    assert bench.linear_time(_int8(model), tokens=7) is None
