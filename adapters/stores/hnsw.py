@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sqlite3
 import threading
@@ -59,10 +58,6 @@ STAMP_NAME = ".verified.json"
 # chosen by benchmarks/ann_scale.py (README "Speed"): at 100k clustered 384-d vectors, ef 128
 # finds 98% of the true top 10 (ef 64: 95%) for ~0.4 ms more, next to 15-40 ms of query encoding
 DEFAULTS = {"M": 16, "ef_construction": 200, "ef_search": 128}
-#: a large language filter first asks the graph, unfiltered, for this many times the share of
-#: neighbours it needs (see HnswStore._filtered_knn), up to POSTFILTER_MAX_FETCH of them
-POSTFILTER_MARGIN = 4.0
-POSTFILTER_MAX_FETCH = 1000
 # a reader that finds the graph file of the generation it just read gone (a writer
 # committed in between) reads the commit record again, this many times
 _OPEN_RETRIES = 5
@@ -147,9 +142,6 @@ class HnswStore(VectorStore):
         self._dirty = False
         self._broken = False  # a commit failed: no more writes through this handle
         self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
-        #: the last unfiltered walk for a large filter: (query, ef), neighbours asked, found. A
-        #: corrected search asks for every language with the same query (adapters/bias.py)
-        self._last_walk: tuple[tuple[bytes, int | None], int, list[tuple[int, float]]] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -411,7 +403,7 @@ class HnswStore(VectorStore):
                 raise _sqlite_error(exc, self.folder / DB_NAME) from exc
             self._meta, self._index = meta, index
             self._next_label = int(meta["next_label"])
-            self._forget_searches()
+            self._filter_cache.clear()
 
     def get(self, ids: Sequence[str]) -> list[Record]:
         found: dict[str, Record] = {}
@@ -487,43 +479,30 @@ class HnswStore(VectorStore):
                 return self._hits([(int(labels[i]), float(scores[i])) for i in top], vecs_or_set[top])
             return self._hits(self._knn(vector, k, None, ef))
 
-    def _forget_searches(self) -> None:
-        """Drop what searches cached: the records changed."""
-        self._filter_cache.clear()
-        self._last_walk = None
-
-    def _live(self) -> int:
-        # a reader sees exactly the last commit, whose count its metadata holds: COUNT(*) on
-        # every query would cost more than the search itself at a million records (~8 ms)
-        committed = None if self._writable else self._meta.get("count")
-        return int(committed) if committed is not None else self.count()
-
     def _filtered_knn(self, vector: np.ndarray, k: int, allowed: frozenset[int],
                       ef: int | None) -> list[tuple[int, float]]:
-        """The ``k`` nearest of the labels ``allowed``, a filter too large for exact search.
+        """The ``k`` nearest of the labels ``allowed``, a filter too large for exact search:
+        hnswlib's filtered walk, which calls the filter for every node it visits. The set's
+        bound ``__contains__`` is the cheapest callable for that (no Python frame per call),
+        and the set is built once per commit, not per query (a language of a million
+        vectors is a set of 167k labels).
 
-        hnswlib takes a filter as a Python callable, called for every node its walk visits:
-        ~22 ms for one language of six at a million vectors (benchmarks/ann_scale.py). The
-        filter's best matches are its first in the unfiltered order, so a walk without the
-        filter for ``k / share x POSTFILTER_MARGIN`` neighbours often holds ``k`` of them,
-        and they are then the right ones; only when it holds fewer does the filtered walk run.
-        Languages other than the query's lie further away, so they fall short more often:
-        the language-bias correction asks for every language with one query, and reuses one
-        unfiltered walk for all of them.
+        Measured and not kept: walking unfiltered first for ``k / share x 4`` neighbours and
+        keeping the filter's, falling back to this walk when too few pass. At 200,000 vectors
+        it took 2.7 ms against 6.0, but found 93.4% of the exact top 10 against 99.6%
+        (``benchmarks/results/ann_scale_filtered.md``): the tail of a long unfiltered answer is
+        less exact than a filtered walk at the same ef, which visits about 1 / share times as
+        many nodes. With real languages, which are directions in the space, it would also fall
+        back more often.
         """
-        fetch = math.ceil(k * POSTFILTER_MARGIN * self._live() / max(len(allowed), 1))
-        if fetch <= POSTFILTER_MAX_FETCH:
-            key = (vector.tobytes(), ef)
-            last = self._last_walk
-            if last is None or last[0] != key or last[1] < fetch:  # a longer walk serves as well
-                last = self._last_walk = (key, fetch, self._knn(vector, fetch, None, ef))
-            kept = [p for p in last[2] if p[0] in allowed]
-            if len(kept) >= k:
-                return kept[:k]
         return self._knn(vector, min(k, len(allowed)), allowed.__contains__, ef)
 
     def _knn(self, vector: np.ndarray, k: int, filt: Any, ef: int | None) -> list[tuple[int, float]]:
-        k = min(k, self._live())
+        # a reader sees exactly the last commit, whose count its metadata holds: COUNT(*) on
+        # every query would cost more than the search itself at a million records (~8 ms)
+        committed = None if self._writable else self._meta.get("count")
+        live = int(committed) if committed is not None else self.count()
+        k = min(k, live)
         if k <= 0:
             return []
         # set per call (under the mutex): ef is the index's state in hnswlib, not a query argument
@@ -614,7 +593,7 @@ class HnswStore(VectorStore):
                     pass
             self._index.add_items(vectors, labels_arr)
             self._dirty = True
-            self._forget_searches()
+            self._filter_cache.clear()
 
     def delete(self, ids: Sequence[str]) -> None:
         self._check_writable()
@@ -624,7 +603,7 @@ class HnswStore(VectorStore):
                 if not row:
                     continue
                 self._sql("DELETE FROM records WHERE label = ?", (row[0][0],))
-                self._forget_searches()
+                self._filter_cache.clear()
                 if self._index is not None:
                     try:
                         self._index.mark_deleted(int(row[0][0]))
