@@ -18,11 +18,9 @@ subprocesses (so that a peak RSS is that configuration's alone):
   memory-mapped files that the searches touched (the kernel may reclaim them); hnswlib's graph
   is anonymous memory. Also a language-filtered search (``langs=[the query's language]``, 1
   document in 6) at the store's defaults, against exact filtered search, in a process of its
-  own (the store's filter caches would otherwise count in the serving footprint). For hnswlib
-  also with its fallback forced (``POSTFILTER_MAX_FETCH = 0``: hnswlib's filtered graph walk
-  with a Python callback), the path a filter takes when the unfiltered neighbours hold too
-  few of its documents. The synthetic data's languages are a label cycling over the records,
-  not a direction in the space, so here the unfiltered neighbours always hold enough.
+  own (the store's filter caches would otherwise count in the serving footprint). The
+  synthetic data's languages are a label cycling over the records, not a direction in the
+  space as real languages are.
 
 Peak RSS is ``VmHWM`` of the worker's own address space, not ``ru_maxrss``: Linux carries
 ``ru_maxrss`` over fork and exec, so every worker would report at least its parent's size.
@@ -532,16 +530,9 @@ def _serve(spec: dict[str, Any]) -> dict[str, Any]:
                     q, K, ef=None if ef == "default" else ef)], queries, gt)
                 out["sweep"].append({"ef": ef, **row})
             if nf:
-                def filtered() -> dict[str, Any]:
-                    return {"ef": spec["default_ef"] if backend == "hnswlib" else "default", **_timed(
-                        lambda i, q: [_label(h) for h in store.search(q, K, [LANGS[i % len(LANGS)]])],
-                        queries[:nf], gtf[:nf])}
-                out["filtered"] = filtered()
-                if backend == "hnswlib":  # the store's fallback alone: hnswlib's filtered walk
-                    from vecplug.adapters.stores import hnsw
-
-                    hnsw.POSTFILTER_MAX_FETCH = 0
-                    out["filtered_walk"] = filtered()
+                out["filtered"] = {"ef": spec["default_ef"] if backend == "hnswlib" else "default", **_timed(
+                    lambda i, q: [_label(h) for h in store.search(q, K, [LANGS[i % len(LANGS)]])],
+                    queries[:nf], gtf[:nf])}
         finally:
             store.close()
     out.update(open_s=open_s, serve_rss_peak=_rss_peak())
@@ -605,8 +596,6 @@ def measure(args: argparse.Namespace, backend: str, data: dict[str, Any], work: 
         # in a process of its own: the store's filter caches do not count in the plain serve RSS
         part = _spawn({**serve_spec, "efs": [], "filtered_queries": args.filtered_queries}, work)
         serve["filtered"] = {**part["filtered"], "serve_rss_peak": part["serve_rss_peak"]}
-        if "filtered_walk" in part:
-            serve["filtered_walk"] = {**part["filtered_walk"], "serve_rss_peak": part["serve_rss_peak"]}
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
     for row in serve["sweep"]:
@@ -751,16 +740,13 @@ def render(r: dict[str, Any]) -> str:
             out += ["Qdrant after the last commit: " + "; ".join(extra) + ".", ""]
     filtered = [x for x in r["rows"] if "filtered" in x["serve"]]
     if filtered:
-        paths = {"filtered": "store default", "filtered_walk": "filtered graph walk only"}
-        rows = [[x["backend"], f"{x['n']:,}", path, str(f["ef"]), fmt(f["recall"], 4), fmt(f["p50_ms"]),
-                 fmt(f["p95_ms"]), _mb(f["serve_rss_peak"])]
-                for x in filtered for key, path in paths.items() if key in x["serve"] for f in [x["serve"][key]]]
+        rows = [[x["backend"], f"{x['n']:,}", str(f["ef"]), fmt(f["recall"], 4), fmt(f["p50_ms"]), fmt(f["p95_ms"]),
+                 _mb(f["serve_rss_peak"])] for x in filtered for f in [x["serve"]["filtered"]]]
         out += [f"### Language-filtered search (1 language of {len(LANGS)}; {min(p['filtered_queries'], p['queries'])} "
                 "queries; "
-                "a fresh process each; above the store's exact-search limit of "
-                f"{EXACT_FILTER_LIMIT:,} vectors, the store walks the graph unfiltered first and "
-                "falls back to hnswlib's filtered walk, timed alone in the second row)", "",
-                markdown_table(["store", "size", "path", "ef", f"recall@{K}", "p50 ms", "p95 ms", "RSS MB"], rows), ""]
+                "a fresh process each; a filter matching more than "
+                f"{EXACT_FILTER_LIMIT:,} vectors is a filtered graph walk, fewer an exact search)", "",
+                markdown_table(["store", "size", "ef", f"recall@{K}", "p50 ms", "p95 ms", "RSS MB"], rows), ""]
     if r["sweep"]:
         efs = p["efs"]
         rows = []
