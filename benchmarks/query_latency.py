@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     t, 10, mode="xy", rerank="teacher", rerank_depth=args.rerank_depth)))
             # one thread, then the xy search again with all of the run's threads (what an
             # application that leaves torch's default gets)
-            for threads, (name, fn) in [(1, stage) for stage in stages] + [(args.threads, stages[1])]:
+            xy = next(stage for stage in stages if stage[0] == "xy")
+            for threads, (name, fn) in [(1, stage) for stage in stages] + [(args.threads, xy)]:
                 torch.set_num_threads(threads)
                 fn(sample[0])  # models (the reranker's teacher too) load outside the clock
                 lat = timed(fn, sample)

@@ -56,7 +56,8 @@ else
             query_latency) run query_latency me5-small me5-small-student-k6 me5-small-student-k6+int8 \
                                --index "$WORK/xquad-r" ;;
             # shellcheck disable=SC2086  # ANN_SIZES is a list
-            # embedded Qdrant at 100k only: its HNSW build at 1M takes longer than this machine allows
+            # embedded Qdrant at 100k only: at 1M its build alone took 21 min and, in one commit,
+            # 11.8 GB (results/ann_scale_qdrant_1m.md: ann_scale.py --sizes 1000000 --backends qdrant)
             ann_scale) run ann_scale --sizes $ANN_SIZES --qdrant-sizes 100000 --commit-every 100000 \
                            --sweep --work "$WORK/ann" ;;
             lengths|langid|encode_speed) run "$name" ;;

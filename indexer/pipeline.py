@@ -71,9 +71,10 @@ def batched(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
 
 #: At most about this share of an indexing run goes to commits. A commit rewrites the graph
 #: (hnswlib) or optimises segments (embedded Qdrant), so its cost grows with the index: about
-#: 10 s at a million 384-d vectors (benchmarks/ann_scale.py), against ~50 s to encode 4,096 documents. When the last
-#: commit took more than :data:`SLOW_COMMIT` seconds, the next waits until the time since it
-#: is at least (1 - share) / share times as long. An interrupted run loses at most that much work.
+#: 10 s at a million 384-d vectors (benchmarks/ann_scale.py), against ~50 s to encode 4,096
+#: documents. When the last commit took more than :data:`SLOW_COMMIT` seconds, the next waits
+#: until the time since it is at least (1 - share) / share times as long. An interrupted run
+#: loses at most that much work.
 COMMIT_TIME_SHARE = 0.1
 SLOW_COMMIT = 1.0
 

@@ -114,7 +114,7 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
 @click.option("--rerank-depth", type=int, help="Candidates the reranker rescores [default: 50].")
 @click.option("--ef", type=click.IntRange(min=1),
               help="HNSW search breadth for this search (higher: more exact, slower) "
-                   "[default: the index's, 128].")
+                   "[default: the index's hnsw_ef_search].")
 @click.option("--int8", "int8", is_flag=True, default=None,
               help="Run the query encoder with int8 weights (faster on a CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

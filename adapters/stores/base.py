@@ -54,9 +54,9 @@ def row_dots(rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
 
     numpy hands a matrix-vector product of a few hundred rows or more to its BLAS, which
     splits it over threads. Right after a query encode, torch's OpenMP threads are still
-    spinning on the cores, and the BLAS threads wait for one: 4.3 ms instead of 0.06 ms for
-    1,200 x 384 on 2 cores (``benchmarks/query_latency.py`` shows the search it slowed).
-    ``einsum`` does the product without BLAS, as fast as one BLAS thread would.
+    spinning on the cores, and the BLAS threads wait for one: a bias-corrected ``xy`` search
+    (six such products) took 74.1 ms p50 on 2 threads, 25.2 ms with this
+    (``benchmarks/results/query_latency*.md``). ``einsum`` does the product without BLAS.
     """
     return np.einsum("ij,j->i", rows, vector)
 

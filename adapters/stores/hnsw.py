@@ -83,7 +83,7 @@ def _hnswlib() -> Any:
 def _items(index: Any, labels: list[int]) -> np.ndarray:
     """Stored vectors by label, as float32 rows. hnswlib 0.8 builds its "numpy" result from
     Python lists, ~3x slower than taking the lists and converting once here."""
-    return np.asarray(index.get_items(labels, return_type="list"), dtype=np.float32).reshape(len(labels), -1)
+    return np.asarray(index.get_items(labels, return_type="list"), dtype=np.float32).reshape(len(labels), index.dim)
 
 
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -528,8 +528,6 @@ class HnswStore(VectorStore):
         labels = np.asarray([r[0] for r in self._sql(
             f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks})", list(langs))],
             dtype=np.int64)
-        if not len(labels):
-            return labels, np.zeros((0, self.dim), dtype=np.float32)
         if len(labels) > EXACT_FILTER_LIMIT:
             return labels, frozenset(labels.tolist())
         vecs = _items(self._index, labels.tolist())
