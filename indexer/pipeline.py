@@ -1,9 +1,9 @@
 """The indexing pipeline: documents -> language -> vectors -> store, in batches.
 
 A batch is committed every ``commit_every`` documents (less often once commits get slow: see
-:data:`COMMIT_TIME_SHARE`), so an interrupted run keeps what it finished; re-running skips
-documents whose text is already in the index unchanged, and with ``prune`` removes the
-documents the source no longer has. A run that changes nothing writes nothing.
+:data:`COMMIT_TIME_SHARE`, up to :data:`MAX_UNCOMMITTED`), so an interrupted run keeps what it
+finished; re-running skips documents whose text is already in the index unchanged, and with
+``prune`` removes the documents the source no longer has. A run that changes nothing writes nothing.
 """
 from __future__ import annotations
 
@@ -77,6 +77,10 @@ def batched(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
 #: loses at most that much work.
 COMMIT_TIME_SHARE = 0.1
 SLOW_COMMIT = 1.0
+#: ...but never more than this many documents wait for a commit, however slow commits get: the
+#: store holds them in memory until then (embedded Qdrant stages every write; its one commit of
+#: 1M documents peaked at 11.8 GB, benchmarks/results/ann_scale_qdrant_1m.md, ~12 KB a document).
+MAX_UNCOMMITTED = 100_000
 
 
 def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
@@ -134,7 +138,7 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
             since_commit += len(keep)
             now = time.perf_counter()
             if since_commit >= commit_every and (
-                    commit_cost < SLOW_COMMIT
+                    commit_cost < SLOW_COMMIT or since_commit >= MAX_UNCOMMITTED
                     or now - last_commit >= commit_cost * (1 - COMMIT_TIME_SHARE) / COMMIT_TIME_SHARE):
                 store.commit(_stamped(manifest, stats))
                 last_commit = time.perf_counter()

@@ -147,6 +147,30 @@ def test_pipeline_spaces_out_slow_commits(tmp_path: Path, fake_encoder,
     assert get_store_class("hnswlib").open(str(tmp_path / "idx"), {}).count() == 60
 
 
+def test_pipeline_caps_uncommitted_documents(tmp_path: Path, fake_encoder,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """However slow commits are, no more than MAX_UNCOMMITTED documents wait for one."""
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), fake_encoder.dim,
+                                              {"dim": fake_encoder.dim}, {})
+    commits = []
+    real_commit = store.commit
+
+    def slow_commit(manifest=None):
+        commits.append(store.count())
+        real_commit(manifest)
+
+    monkeypatch.setattr(store, "commit", slow_commit)
+    monkeypatch.setattr(pipeline, "SLOW_COMMIT", 0.0)
+    monkeypatch.setattr(pipeline, "COMMIT_TIME_SHARE", 1e-9)  # the time rule alone: one commit, at the end
+    monkeypatch.setattr(pipeline, "MAX_UNCOMMITTED", 8)
+    docs = [vecplug.Document(f"d{i}", f"word{i}", "s", i, "en") for i in range(30)]
+    report = pipeline.run(docs, fake_encoder, store, Record.from_document, None, progress=False,
+                          batch_size=2, commit_every=2)
+    store.close()
+    assert report.documents == 30
+    assert commits == [2, 10, 18, 26, 30]  # the first commit (fast until timed), then every 8
+
+
 def test_api_modes_debias_and_batch(tmp_path: Path, tiny_model: Path) -> None:
     settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx"), "debias": True},
                                                 "model": {"document": str(tiny_model)}})
