@@ -18,7 +18,8 @@ subprocesses (so that a peak RSS is that configuration's alone):
   memory-mapped files that the searches touched (the kernel may reclaim them); hnswlib's graph
   is anonymous memory. Also a language-filtered search (``langs=[the query's language]``, 1
   document in 6) at the store's defaults, against exact filtered search, in a process of its
-  own (the store's filter caches would otherwise count in the serving footprint). The
+  own (the store's filter caches would otherwise count in the serving footprint); for Qdrant
+  also with the store's option ``acorn`` off (Qdrant's plain filtered walk). The
   synthetic data's languages are a label cycling over the records, not a direction in the
   space as real languages are.
 
@@ -64,9 +65,13 @@ With ``--centres FILE.npy`` (real embeddings, e.g. me5-small vectors) the centre
 ``n / 20`` of those (all of them if the file has fewer): ``m`` is their mean,
 ``c_j`` a vector minus the mean, and the noise follows their covariance (at 20k, from me5
 vectors: neighbours like the synthetic data's, recall somewhat higher). Queries are held-out
-points of the same distribution (same centres, other draws), never in the index. Everything
-is seeded; vectors are generated in chunks straight into a ``.npy`` file in the work folder
-(1M x 384 float32 is 1.5 GB; never two copies in memory), and the workers read it in chunks
+points of the same distribution (same centres, other draws), never in the index. With
+``--vectors FILE.npy`` no model is involved: the base vectors and the queries are disjoint
+seeded random rows of the file, normalised (``benchmarks/tatoeba_vectors.py`` writes ~158k
+me5-small vectors of Tatoeba sentences); the "languages" of the filtered searches are still
+every sixth row, not the sentences' own. Everything is seeded; vectors are generated in chunks
+straight into a ``.npy`` file in the work folder (1M x 384 float32 is 1.5 GB; never two copies
+in memory), and the workers read it in chunks
 with plain file reads (a memory map would count its pages in their RSS). Ground truth: exact
 top-10 by inner product (and per language, for the filtered searches) in chunks with numpy;
 data and ground truth are cached in the work folder under a key of their parameters.
@@ -157,7 +162,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=10_000, help="vectors per upsert")
     p.add_argument("--commit-every", type=int, default=10_000, help="commit after this many vectors (0: once at the end)")
     p.add_argument("--threads", type=int, default=2, help="CPUs each worker may use (sched_setaffinity)")
-    p.add_argument("--centres", type=Path, help="real embeddings (.npy, n x dim) to use as cluster centres")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--centres", type=Path, help="real embeddings (.npy, n x dim) to use as cluster centres")
+    data.add_argument("--vectors", type=Path, help="real embeddings (.npy, n x dim) to index as they are: "
+                      "queries and base vectors are disjoint random rows (benchmarks/tatoeba_vectors.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, help="work folder (data and ground truth cached here); "
                                              "default: a new folder under /tmp, removed at the end")
@@ -263,13 +271,31 @@ class DataModel:
 
 def data_params(args: argparse.Namespace, n: int) -> dict[str, Any]:
     """What the data of one size depends on (its cache key)."""
-    centres = None
-    if args.centres is not None:
-        st = args.centres.stat()
-        centres = [str(args.centres.resolve()), st.st_size, st.st_mtime_ns]
-    return {"version": DATA_VERSION, "n": n, "dim": args.dim, "queries": args.queries, "seed": args.seed,
-            "centres": centres, "mean_weight": MEAN_WEIGHT, "decay": DECAY, "noise": NOISE,
-            "per_centre": PER_CENTRE}
+    def identity(path: Path | None) -> list[Any] | None:
+        if path is None:
+            return None
+        st = path.stat()
+        return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+    params = {"version": DATA_VERSION, "n": n, "dim": args.dim, "queries": args.queries, "seed": args.seed}
+    if args.vectors is not None:
+        return {**params, "vectors": identity(args.vectors)}
+    return {**params, "centres": identity(args.centres), "mean_weight": MEAN_WEIGHT, "decay": DECAY,
+            "noise": NOISE, "per_centre": PER_CENTRE}
+
+
+def _real_rows(path: Path, n: int, queries: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``--vectors``: (base, queries) as disjoint seeded random rows of ``path``, unit length."""
+    R = np.load(path, mmap_mode="r", allow_pickle=False)
+    if R.ndim != 2 or R.shape[1] != dim:
+        raise ValueError(f"{path}: expected an (n, {dim}) array, got {R.shape}")
+    if n + queries > len(R):
+        raise ValueError(f"{path}: {len(R):,} rows, too few for {n:,} base vectors and {queries:,} queries")
+    order = np.random.default_rng([seed, 4]).permutation(len(R))
+    base, held = (np.asarray(R[np.sort(rows)], dtype=np.float32) for rows in (order[queries:queries + n], order[:queries]))
+    for X in (base, held):
+        X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+    return base, held
 
 
 def make_data(args: argparse.Namespace, n: int, work: Path) -> dict[str, Any]:
@@ -284,19 +310,26 @@ def make_data(args: argparse.Namespace, n: int, work: Path) -> dict[str, Any]:
         stats["cached"] = True
         return {"paths": {k: str(v) for k, v in paths.items()}, "stats": stats}
     t0 = time.perf_counter()
-    model = DataModel(n, args.dim, args.seed, args.centres)
     tmp = paths["base"].with_name(paths["base"].name + ".tmp")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, args.dim))
-    for a in range(0, n, GEN_CHUNK):
-        b = min(n, a + GEN_CHUNK)
-        out[a:b] = model.sample(b - a, np.random.default_rng([args.seed, 1, a]))
-    out.flush()
-    del out
+    if args.vectors is not None:
+        base, queries = _real_rows(args.vectors, n, args.queries, args.dim, args.seed)
+        with open(tmp, "wb") as f:
+            np.save(f, base)
+        del base
+        n_centres = None
+    else:
+        model = DataModel(n, args.dim, args.seed, args.centres)
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, args.dim))
+        for a in range(0, n, GEN_CHUNK):
+            b = min(n, a + GEN_CHUNK)
+            out[a:b] = model.sample(b - a, np.random.default_rng([args.seed, 1, a]))
+        out.flush()
+        del out
+        queries = model.sample(args.queries, np.random.default_rng([args.seed, 2]))
+        n_centres = len(model.C)
+        del model
     os.replace(tmp, paths["base"])
-    queries = model.sample(args.queries, np.random.default_rng([args.seed, 2]))
     np.save(paths["queries"], queries)
-    n_centres = len(model.C)
-    del model
     gen_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     ids, scores, fids, random_cos = ground_truth(paths["base"], queries)
@@ -519,7 +552,7 @@ def _serve(spec: dict[str, Any]) -> dict[str, Any]:
         from vecplug.adapters.stores import get_store_class
 
         t0 = time.perf_counter()
-        store = get_store_class(backend).open(folder, {})
+        store = get_store_class(backend).open(folder, dict(spec.get("store_options", {})))
         open_s = time.perf_counter() - t0
         out["rss_open"] = _rss_now()
         # hnswlib: the store's ef_search is one of the swept efs; Qdrant: its engine's default
@@ -596,6 +629,10 @@ def measure(args: argparse.Namespace, backend: str, data: dict[str, Any], work: 
         # in a process of its own: the store's filter caches do not count in the plain serve RSS
         part = _spawn({**serve_spec, "efs": [], "filtered_queries": args.filtered_queries}, work)
         serve["filtered"] = {**part["filtered"], "serve_rss_peak": part["serve_rss_peak"]}
+        if backend == "qdrant":  # and Qdrant's plain filtered walk, which the store replaces
+            part = _spawn({**serve_spec, "efs": [], "filtered_queries": args.filtered_queries,
+                           "store_options": {"acorn": False}}, work)
+            serve["filtered_plain"] = {**part["filtered"], "serve_rss_peak": part["serve_rss_peak"]}
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
     for row in serve["sweep"]:
@@ -640,7 +677,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "efs": args.ef, "default_ef": args.default_ef, "M": args.M,
                        "ef_construction": args.ef_construction, "batch": args.batch,
                        "commit_every": args.commit_every, "threads": args.threads, "seed": args.seed,
-                       "centres": str(args.centres) if args.centres else None, "sizes": sizes_of,
+                       "centres": str(args.centres) if args.centres else None,
+                       "vectors": str(args.vectors) if args.vectors else None, "sizes": sizes_of,
                        "target_recall": args.target_recall},
             "data": data_stats, "rows": rows, "sweep": sweep, "growth": growth(rows, args.default_ef),
             "target": target(rows, args.target_recall)}
@@ -698,8 +736,11 @@ def _mb(x: float) -> str:
 
 def render(r: dict[str, Any]) -> str:
     p = r["params"]
-    out = ["", f"Vectors: {p['dim']}-d unit float32, clustered synthetic shaped like me5-small passage vectors"
-           + (f" (centres from {p['centres']})" if p["centres"] else "")
+    real = p.get("vectors")  # results written before --vectors existed lack the key
+    out = ["", f"Vectors: {p['dim']}-d unit float32, "
+           + (f"real embeddings from {real} (base and queries: disjoint random rows)" if real else
+              "clustered synthetic shaped like me5-small passage vectors"
+              + (f" (centres from {p['centres']})" if p["centres"] else ""))
            + f"; {p['queries']} held-out queries, top-{K}, one query at a time, after {WARMUP} warm-up queries; "
            f"recall@{K} against exact inner-product search. Upserts of {p['batch']:,}, "
            + (f"a commit every {p['commit_every']:,} vectors and at the end" if p["commit_every"]
@@ -709,7 +750,7 @@ def render(r: dict[str, Any]) -> str:
            "RSS: peak of the process (MB = MiB); serve = a fresh process that opens the index and "
            "runs the unfiltered searches below; disk: allocated bytes of the index folder per vector.", ""]
     headers = ["size", "centres", "NN1 cos p10/p50/p90", "NN10 cos p50", "random pair cos p50", "data s", "exact top-10 s"]
-    drows = [[f"{int(n):,}", f"{s['centres']:,}", "/".join(f"{x:.3f}" for x in s["nn1_cos"]), fmt(s["nn10_cos"][1]),
+    drows = [[f"{int(n):,}", "-" if s["centres"] is None else f"{s['centres']:,}", "/".join(f"{x:.3f}" for x in s["nn1_cos"]), fmt(s["nn10_cos"][1]),
               fmt(s["random_cos"][1]), f"{s['generate_s']:.1f}", f"{s['ground_truth_s']:.1f}"]
              for n, s in r["data"].items()]
     out += ["### Data", "", markdown_table(headers, drows), ""]
@@ -740,13 +781,16 @@ def render(r: dict[str, Any]) -> str:
             out += ["Qdrant after the last commit: " + "; ".join(extra) + ".", ""]
     filtered = [x for x in r["rows"] if "filtered" in x["serve"]]
     if filtered:
-        rows = [[x["backend"], f"{x['n']:,}", str(f["ef"]), fmt(f["recall"], 4), fmt(f["p50_ms"]), fmt(f["p95_ms"]),
-                 _mb(f["serve_rss_peak"])] for x in filtered for f in [x["serve"]["filtered"]]]
+        rows = [[x["backend"], f"{x['n']:,}", path, str(f["ef"]), fmt(f["recall"], 4), fmt(f["p50_ms"]),
+                 fmt(f["p95_ms"]), _mb(f["serve_rss_peak"])] for x in filtered
+                for key, path in (("filtered", "store default"), ("filtered_plain", "ACORN off"))
+                if key in x["serve"] for f in [x["serve"][key]]]
         out += [f"### Language-filtered search (1 language of {len(LANGS)}; {min(p['filtered_queries'], p['queries'])} "
                 "queries; "
                 "a fresh process each; a filter matching more than "
-                f"{EXACT_FILTER_LIMIT:,} vectors is a filtered graph walk, fewer an exact search)", "",
-                markdown_table(["store", "size", "ef", f"recall@{K}", "p50 ms", "p95 ms", "RSS MB"], rows), ""]
+                f"{EXACT_FILTER_LIMIT:,} vectors is a filtered graph walk, fewer an exact search; Qdrant's "
+                "walk uses ACORN unless the store's option `acorn` is off)", "",
+                markdown_table(["store", "size", "search", "ef", f"recall@{K}", "p50 ms", "p95 ms", "RSS MB"], rows), ""]
     if r["sweep"]:
         efs = p["efs"]
         rows = []

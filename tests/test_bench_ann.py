@@ -3,6 +3,7 @@ process, and the JSON it writes holds sane numbers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -62,9 +63,10 @@ def test_tiny_run_reports_sane_numbers(ann_scale, tmp_path: Path, capsys: pytest
     assert [s["ef"] for s in store["serve"]["sweep"]] == [16, 64, 128]  # the default ef (128) joins the sweep
     qdrant = next(x for x in r["rows"] if x["backend"] == "qdrant")
     assert qdrant["serve"]["sweep"][0]["ef"] == "default"
+    assert 0.9 <= qdrant["serve"]["filtered_plain"]["recall"] <= 1.0  # the store with ACORN off
     md = capsys.readouterr().out
     assert "## ANN index build and search at scale" in md and "raw hnswlib" in md
-    assert "filtered graph walk" in md
+    assert "filtered graph walk" in md and re.search(r"\| +ACORN off \|", md)
     # data and ground truth are cached in the work folder; the indexes are gone
     assert list(work.glob("base-*.npy")) and not list(work.glob("index-*"))
 
@@ -99,3 +101,24 @@ def test_data_is_deterministic_and_chunk_independent(ann_scale, tmp_path: Path) 
     real = ann_scale.DataModel(1000, 16, 0, centres)
     assert real.C.shape == (40, 16)
     assert np.allclose(np.linalg.norm(real.sample(3, np.random.default_rng(0)), axis=1), 1, atol=1e-5)
+
+
+def test_real_vectors_are_indexed_as_they_are(ann_scale, tmp_path: Path) -> None:
+    """``--vectors``: base and queries are disjoint rows of the file, normalised, and too small
+    a file is refused."""
+    rows = np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32) * 2
+    path = tmp_path / "real.npy"
+    np.save(path, rows)
+    args = ann_scale.parse_args(["--vectors", str(path), "--dim", "16", "--queries", "20", "--sizes", "250"])
+    data = ann_scale.make_data(args, 250, tmp_path / "work")
+    base = np.load(data["paths"]["base"])
+    queries = np.load(data["paths"]["queries"])
+    assert base.shape == (250, 16) and queries.shape == (20, 16) and data["stats"]["centres"] is None
+    unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    where = [int(np.argmax(unit @ v)) for v in np.concatenate([base, queries])]
+    assert len(set(where)) == 270  # every row a distinct row of the file
+    assert np.allclose(unit[where], np.concatenate([base, queries]), atol=1e-6)
+    with pytest.raises(ValueError, match="too few"):
+        ann_scale.make_data(args, 290, tmp_path / "work")
+    with pytest.raises(SystemExit):  # one source of data, not two
+        ann_scale.parse_args(["--vectors", str(path), "--centres", str(path)])

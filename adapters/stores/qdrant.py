@@ -25,7 +25,8 @@ batch, writes after the last commit) in the collection, under the previous manif
 
 Embedded mode keeps the base contract (an index opens as exactly some committed state) with a
 redo log. Upserts and deletes are staged in memory (at most one commit's worth: the indexing
-pipeline commits every 4096 documents) and the shard is not touched until commit. Every read
+pipeline commits every 4096 documents, less often as commits slow down, and at most every
+100,000: ``pipeline.MAX_UNCOMMITTED``) and the shard is not touched until commit. Every read
 (``get``, ``vectors``, ``ids``, ``count``, ``languages``, ``search``) sees the committed shard
 overlaid with the staged writes; ``search`` scores staged vectors exactly and merges them with
 the shard's (over-fetched, shadowed points dropped) hits. :meth:`QdrantStore.commit`:
@@ -237,6 +238,7 @@ class _Server:
         self.m, self.name = models, str(options.get("collection", "vecplug"))
         self.where = f"collection '{self.name}' at {location}"
         self.owned = options.get("client") is None  # never close a caller's client
+        self.acorn = bool(options.get("acorn", True))  # for large filters: see _Edge.search
         self.client = options.get("client") or QdrantClient(
             url=location, api_key=options.get("api_key"), timeout=options.get("timeout"),
             prefer_grpc=bool(options.get("prefer_grpc", False)))
@@ -278,9 +280,11 @@ class _Server:
     def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
         m = self.m
         flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
+        # ACORN for a filter, as the embedded store does (why: _Edge.search)
+        params = (m.SearchParams(hnsw_ef=ef, acorn=m.AcornSearchParams(enable=True)) if flt and self.acorn
+                  else m.SearchParams(hnsw_ef=ef) if ef else None)
         res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,
-                     query_filter=flt or None, with_payload=True,
-                     search_params=m.SearchParams(hnsw_ef=ef) if ef else None)
+                     query_filter=flt or None, with_payload=True, search_params=params)
         return [(p.payload or {}, float(p.score)) for p in res.points]
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:

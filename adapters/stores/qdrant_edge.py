@@ -115,6 +115,7 @@ class _Edge:
         self.redo = os.path.join(folder, REDO)
         self.stamp = os.path.join(folder, STAMP)
         self.optimize = bool(options.get("optimize", True))
+        self.acorn = bool(options.get("acorn", True))  # for large filters: see search
         self.snapshot_dir = options.get("snapshot_dir")
         self.snapshot_wait = float(options.get("snapshot_wait", SNAPSHOT_WAIT))
         self.always_copy = bool(options.get("snapshot", False))  # readers: a copy, even alone
@@ -639,10 +640,18 @@ class _Edge:
         q = self.q
         shadowed = len(self.under()) if self.staged else 0  # hits that staged writes replace
         flt = langs and q.Filter(must=[q.FieldCondition("lang", match=q.MatchAny(langs))])
+        # A filter above the full-scan threshold walks the graph. Qdrant's plain filtered walk
+        # never steps through points outside the filter, and it adds per-value links only for
+        # values under ~4/m of the points: one language of five or six gets none, and its walk
+        # found about half of the filter's exact top 10 (ann_scale.py at 200k). ACORN also
+        # steps through neighbours' neighbours; the engine applies it to filters matching under
+        # 40% of the points (its default), and the plain walk to the rest. ACORN costs time
+        # (~14x at 200k); options["acorn"] = False trades that recall back for it.
+        params = (q.SearchParams(hnsw_ef=ef, acorn=q.AcornSearchParams(enable=True)) if flt and self.acorn
+                  else q.SearchParams(hnsw_ef=ef) if ef else None)
         res = self.shard.query(q.QueryRequest(query=q.Query.Nearest(vec.tolist()),
                                               limit=k + shadowed, filter=flt or None,
-                                              with_payload=True,
-                                              params=q.SearchParams(hnsw_ef=ef) if ef else None))
+                                              with_payload=True, params=params))
         hits = [(p.payload or {}, float(p.score)) for p in res if str(p.id) not in self.staged]
         if self.staged:
             unit = vec / max(float(np.linalg.norm(vec)), 1e-30)
