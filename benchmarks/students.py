@@ -37,7 +37,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("query_encoders", nargs="+",
                    help="query encoder specs: the teacher (e.g. me5-small) and student folders or names; "
-                        "NAME+int8 runs one with int8 weights")
+                        "NAME runs in float32, NAME+int8 with int8 weights")
     p.add_argument("--model", default="me5-small", help="document encoder (the teacher)")
     p.add_argument("--index", type=Path, required=True, help="pooled XQuAD-R index folder (built if absent)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
@@ -92,7 +92,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         base, _, quantize = spec.partition("+")  # "NAME+int8": the same encoder with int8 weights
         folder, ids, langs_of, doc_vectors = pool(base)  # exact scores over the stored vectors
         with Index.open(settings_for(str(folder), model={"query": base,
-                                                          "query_quantize": quantize or None})) as index:
+                                                          "query_quantize": quantize or "none"})) as index:
             enc = index.encoder
             t0 = time.perf_counter()
             qv = enc.encode_queries([q.text for q in questions], progress=True)

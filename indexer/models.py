@@ -115,6 +115,9 @@ class ModelInfo:
     builtin: bool = False
     #: for a distilled student: the document encoder it was distilled from
     teacher: "ModelInfo | None" = None
+    #: the query-side quantisation whose quality was measured for this model (a student's
+    #: ``query_quantize`` in student.json): what ``query_quantize: auto`` runs
+    query_quantize: str | None = None
 
     @property
     def tokenizer_path(self) -> Path:
@@ -247,7 +250,8 @@ def _resolve_student(spec: str, folder: Path, build: bool, builtin: bool = False
     teacher = resolve_model(str(meta["teacher"]), build=build)
     return ModelInfo(spec, folder, str(meta["weights_sha256"]),
                      meta.get("query_prefix", teacher.query_prefix),
-                     meta.get("document_prefix", teacher.document_prefix), builtin, teacher)
+                     meta.get("document_prefix", teacher.document_prefix), builtin, teacher,
+                     meta.get("query_quantize"))
 
 
 def _download(spec: str) -> Path:

@@ -18,6 +18,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny_model: Path) -> None:
+    import torch
     from transformers import AutoModel
 
     from vecplug.indexer.encoder import _int8
@@ -28,5 +29,8 @@ def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny
     assert x["layers"] == 12 and x["tokens"] == 7
     assert x["mflop"] == pytest.approx(2 * 7 * 2 * (4 * 32 * 32 + 2 * 32 * 64) / 1e6)
     assert x["ms"] > 0 and x["gflops"] == pytest.approx(x["mflop"] / x["ms"])
-    # int8 layers (as ``--int8`` makes them) are not nn.Linear: nothing to time
-    assert bench.linear_time(_int8(model), tokens=7) is None
+    assert x["int8"] == 0
+    # int8 layers (as ``--int8`` makes them: all but the 2 down-projections) are timed too
+    y = bench.linear_time(_int8(model), tokens=7, reps=3)
+    assert y["layers"] == 12 and y["int8"] == 10 and y["mflop"] == pytest.approx(x["mflop"])
+    assert bench.linear_time(torch.nn.Sequential(torch.nn.ReLU()), tokens=7) is None

@@ -159,7 +159,7 @@ def test_search_modes_debias_and_rerank(corpus: Path, tiny_model: Path, monkeypa
     assert prefer["hits"][0]["score"] == pytest.approx(
         10 + next(h["score"] for h in plain["hits"] if h["lang"] == "de"), abs=1e-4)
     assert "unknown reranker" in run("search", q, "--rerank", "nope", ok=False).lower()
-    assert "int8" in run("search", "--help")
+    assert "int8" in run("search", "--help") and "--fp32" in run("search", "--help")
 
 
 def test_verify_finds_damage(corpus: Path, tiny_model: Path) -> None:

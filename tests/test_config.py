@@ -64,5 +64,8 @@ def test_search_settings_for_modes_and_reranking() -> None:
         load_settings(environ={"VECPLUG_SEARCH_PREFER_BOOST": "much"})
     with pytest.raises(ConfigError, match="query_quantize"):
         load_settings(environ={"VECPLUG_MODEL_QUERY_QUANTIZE": "int4"})
+    assert load_settings(environ={}).model.query_quantize == "auto"
+    # "none" and null both mean float32 (the encoder reads either so)
+    assert load_settings(environ={"VECPLUG_MODEL_QUERY_QUANTIZE": "none"}).model.query_quantize in (None, "none")
     with pytest.raises(ConfigError, match="rerank_depth"):
         load_settings(overrides={"search": {"rerank_depth": 0}})

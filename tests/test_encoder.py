@@ -70,8 +70,14 @@ def test_int8_query_encoder(tiny_model: Path) -> None:
     int8 = Encoder.from_specs(str(tiny_model), query_quantize="int8")
     # the int8 query side is its own copy: documents are still encoded in fp32
     assert int8.query is not int8.document
-    assert not any(type(m) is torch.nn.Linear for m in int8.query.model.modules())
-    assert any(type(m) is torch.nn.Linear for m in int8.document.model.modules())
+    linears = [(name, type(m) is torch.nn.Linear, m.in_features > m.out_features)
+               for name, m in int8.query.model.named_modules() if hasattr(m, "in_features")]
+    # int8 except the layers that narrow the width (the feed-forward down-projections)
+    assert linears and all(fp32 == narrows for _, fp32, narrows in linears)
+    assert any(narrows for *_, narrows in linears) and not all(narrows for *_, narrows in linears)
+    int8_weight = next(m for m in int8.query.model.modules() if hasattr(m, "weight") and callable(m.weight))
+    assert int8_weight.weight().qscheme() == torch.per_channel_affine  # one scale per output row
+    assert all(type(m) is torch.nn.Linear for m in int8.document.model.modules() if hasattr(m, "in_features"))
     np.testing.assert_allclose(int8.encode_documents(TEXTS), fp32.encode_documents(TEXTS), atol=1e-6)
     a, b = fp32.encode_queries(TEXTS), int8.encode_queries(TEXTS)
     assert not np.allclose(a, b, atol=1e-6)  # it really runs other weights
@@ -79,3 +85,22 @@ def test_int8_query_encoder(tiny_model: Path) -> None:
     assert int8.describe()["query_quantize"] == "int8"
     with pytest.raises(Exception, match="unknown quantisation"):
         TextEncoder(resolve_model(str(tiny_model)), quantize="int4")
+
+
+def test_auto_quantisation_follows_the_model(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` (the default) runs int8 only for a model that records it was measured so (as
+    the shipped student's student.json does), and only on x86; ``none``/None: float32."""
+    import dataclasses
+    import platform
+
+    plain = resolve_model(str(tiny_model))
+    measured = dataclasses.replace(plain, query_quantize="int8")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert Encoder(measured).query_quantize == "int8"
+    assert Encoder(measured, query_quantize="none").query_quantize is None
+    assert Encoder(measured, query_quantize=None).query_quantize is None
+    assert Encoder(plain).query_quantize is None
+    assert Encoder(plain, query_quantize="int8").query_quantize == "int8"
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")  # measured on x86 only
+    assert Encoder(measured).query_quantize is None
+    assert Encoder(measured, query_quantize="int8").query_quantize == "int8"

@@ -19,6 +19,7 @@ def test_a_default_student_ships_for_me5_small() -> None:
     assert sum(p.stat().st_size for p in folder.iterdir()) < 50e6
     meta = json.loads((folder / "student.json").read_text())
     assert meta["teacher"] == "me5-small" and meta["default_for"] == "me5-small"
+    assert meta["query_quantize"] == "int8"  # measured in int8 (README "Student figures"): auto runs it so
     assert "tatoeba" in meta["training"]["data"] and meta["training"]["command"].startswith("vecplug distill")
 
 

@@ -115,8 +115,9 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
 @click.option("--ef", type=click.IntRange(min=1),
               help="HNSW search breadth for this search (higher: more exact, slower) "
                    "[default: the index's hnsw_ef_search].")
-@click.option("--int8", "int8", is_flag=True, default=None,
-              help="Run the query encoder with int8 weights (faster on a CPU).")
+@click.option("--int8/--fp32", "int8", default=None,
+              help="Query encoder weights: int8 (faster on a CPU) or float32 "
+                   "[default: model.query_quantize, auto: int8 for the shipped student on x86].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
 def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, langs: str | None,
@@ -128,7 +129,7 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
     settings = _settings(**common, sections={
         "search": {"k": k, "mode": mode, "lang": lang, "langs": langs, "debias": debias,
                    "rerank": rerank, "rerank_depth": rerank_depth, "ef": ef},
-        "model": {"query_quantize": "int8" if int8 else None}})
+        "model": {"query_quantize": None if int8 is None else "int8" if int8 else "none"}})
     with Index.open(settings) as index:
         result = index.search(query)
     if as_json:

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from vecplug.errors import ConfigError
 
 MODES = ("xy", "mono", "prefer")
-QUANTIZE = ("int8",)
+QUANTIZE = ("auto", "none", "int8")
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,11 @@ class ModelSettings:
     document_prefix: str | None = None
     batch_tokens: int = 8192
     threads: int | None = None
-    #: run the query encoder with int8 weights (torch dynamic quantisation of its linear
-    #: layers): faster on a CPU; its quality is measured in the README
-    query_quantize: str | None = None
+    #: the query encoder's weights: ``int8`` (torch dynamic quantisation of its linear layers:
+    #: faster on a CPU), ``none`` (float32), or ``auto``: int8 for a student whose metadata
+    #: says its quality was measured in int8 (the shipped default is), on an x86 CPU; else
+    #: float32. The figures are in the README.
+    query_quantize: str | None = "auto"
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class Settings:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
         if self.search.ef is not None and self.search.ef < 1:
             raise ConfigError(f"search.ef must be at least 1, not {self.search.ef}")
-        if self.model.query_quantize not in (None, *QUANTIZE):
+        if self.model.query_quantize not in (None, *QUANTIZE):  # None: as "none"
             raise ConfigError(f"model.query_quantize must be one of {', '.join(QUANTIZE)} or null, "
                               f"not '{self.model.query_quantize}'")
         if not 0 <= self.corpus.chunk_overlap < self.corpus.chunk_tokens:

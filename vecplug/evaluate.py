@@ -532,7 +532,9 @@ def render_markdown(report: EvalReport) -> str:
         if r.run.query_encoder not in seen and r.encoder:
             seen[r.run.query_encoder] = (f"{run_label(r.run.query_encoder, None, None)} = "
                                          f"{r.encoder.get('query_encoder', '?')} "
-                                         f"({str(r.encoder.get('query_encoder_checksum', ''))[:12]})")
+                                         f"({str(r.encoder.get('query_encoder_checksum', ''))[:12]}"
+                                         + (f", {r.encoder['query_quantize']} weights"
+                                            if r.encoder.get("query_quantize") else "") + ")")
     if seen:
         out.append("- query encoders: " + "; ".join(seen.values()))
     out.append(f"- each run searches all queries in one batch, top {st['k']}"
