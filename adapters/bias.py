@@ -18,13 +18,14 @@ is nearly the centred one) and rescores those candidates exactly with centred ve
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import StoreHit, row_dots, search
+from vecplug.adapters.stores.base import Candidate, StoreHit, row_dots
 
 UND = "und"
 #: a language's mean is shrunk towards the global mean as if it had this many extra
@@ -123,9 +124,14 @@ def exact_scores(store: Any, means: LanguageMeans | None, vector: np.ndarray,
         vecs = np.stack([np.asarray(h.vector, dtype=np.float32) for h in hits])
     else:
         vecs = store.vectors([h.record.id for h in hits])
+    return _scores(means, vector, query_lang, vecs, [h.record.lang for h in hits])
+
+
+def _scores(means: LanguageMeans | None, vector: np.ndarray, query_lang: str | None,
+            vecs: np.ndarray, langs: Sequence[str | None]) -> np.ndarray:
     query = np.asarray(vector, dtype=np.float32)
     if means is not None:
-        vecs = means.centre(vecs, [h.record.lang for h in hits])
+        vecs = means.centre(vecs, langs)
         query = means.centre_query(query, query_lang)
     return row_dots(vecs, query)
 
@@ -144,7 +150,11 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
                    k: int, langs: Sequence[str], ef: int | None = None) -> list[StoreHit]:
     """The ``k`` best documents of ``langs`` by centred cosine (see the module docstring)."""
     query = means.centre_query(vector, query_lang)
-    pooled: list[StoreHit] = []
-    for lang in langs:
-        pooled += search(store, query, k * OVERFETCH, [lang], ef)
-    return rescore(store, means, vector, query_lang, pooled)[:k]
+    pooled: list[Candidate] = []
+    for lang in langs:  # candidates: only the k kept have their records read
+        pooled += store.candidates(query, k * OVERFETCH, [lang], ef=ef)
+    if not pooled:
+        return []
+    scores = _scores(means, vector, query_lang, np.stack([c.vector for c in pooled]), [c.lang for c in pooled])
+    top = np.argsort(-scores, kind="stable")[:k]
+    return store.hits([dataclasses.replace(pooled[i], score=float(scores[i])) for i in top])

