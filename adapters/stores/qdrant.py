@@ -290,8 +290,10 @@ class _Server:
         # ACORN for a filter, as the embedded store does (why: _Edge.search)
         params = (m.SearchParams(hnsw_ef=ef, acorn=m.AcornSearchParams(enable=True)) if flt and self.acorn
                   else m.SearchParams(hnsw_ef=ef) if ef else None)
-        res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,
-                     query_filter=flt or None, with_payload=True, search_params=params)
+        with warnings.catch_warnings():  # a local-mode client warns that it ignores params
+            warnings.filterwarnings("ignore", "Local mode performs exact")
+            res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,
+                         query_filter=flt or None, with_payload=True, search_params=params)
         return [(p.payload or {}, float(p.score)) for p in res.points]
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
