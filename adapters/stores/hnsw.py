@@ -467,22 +467,26 @@ class HnswStore(VectorStore):
 
     def candidates(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
                    ef: int | None = None) -> list[Candidate]:
-        if not langs or len(set(langs)) != 1:  # the language of each is in its record
-            return super().candidates(vector, k, langs, ef=ef)
+        """Keyed by label. The language is the filter's when it names one, else one light
+        query for the labels' languages (no payload, no checksum)."""
         with self._mutex:
             pairs, vectors = self._nearest(vector, k, langs, ef)
-            if pairs and vectors is None:  # a graph walk: the vectors from the graph
+            if not pairs:
+                return []
+            if vectors is None:  # a graph walk: the vectors from the graph
                 vectors = _items(self._index, [lab for lab, _ in pairs])
-        return [Candidate(lab, langs[0], score, vectors[i]) for i, (lab, score) in enumerate(pairs)]
+            if langs and len(set(langs)) == 1:
+                lang_of = dict.fromkeys((lab for lab, _ in pairs), langs[0])
+            else:
+                marks = ",".join("?" * len(pairs))
+                lang_of = dict(self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE label IN ({marks})",
+                                         [lab for lab, _ in pairs]))
+        return [Candidate(lab, lang_of.get(lab), score, vectors[i]) for i, (lab, score) in enumerate(pairs)]
 
     def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
-        # keys are labels, or hits (the base class's candidates, for several languages)
-        labels = [c.key for c in candidates if not isinstance(c.key, StoreHit)]
         with self._mutex:
-            marks = ",".join("?" * len(labels))
-            by_label = dict(self._records(f"label IN ({marks})", labels)) if labels else {}
-        return [StoreHit(c.key.record if isinstance(c.key, StoreHit) else by_label[c.key], c.score, c.vector)
-                for c in candidates if isinstance(c.key, StoreHit) or c.key in by_label]
+            return self._hits([(c.key, c.score) for c in candidates],
+                              np.stack([c.vector for c in candidates]) if candidates else None)
 
     def _nearest(self, vector: np.ndarray, k: int, langs: Sequence[str] | None,
                  ef: int | None) -> tuple[list[tuple[int, float]], np.ndarray | None]:

@@ -173,7 +173,7 @@ import numpy as np
 
 from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
 from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, _dense, _Edge, _point_id,
-                                                 full_scan_threshold)
+                                                 full_scan_threshold, search_params)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
 from vecplug.errors import (CorruptIndexError, IndexNotFoundError, MissingDependencyError,
                              VecplugError)
@@ -245,7 +245,7 @@ class _Server:
         self.m, self.name = models, str(options.get("collection", "vecplug"))
         self.where = f"collection '{self.name}' at {location}"
         self.owned = options.get("client") is None  # never close a caller's client
-        self.acorn = bool(options.get("acorn", True))  # for large filters: see _Edge.search
+        self.acorn = bool(options.get("acorn", True))  # for large filters: see search_params
         self.client = options.get("client") or QdrantClient(
             url=location, api_key=options.get("api_key"), timeout=options.get("timeout"),
             prefer_grpc=bool(options.get("prefer_grpc", False)))
@@ -287,9 +287,7 @@ class _Server:
     def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
         m = self.m
         flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
-        # ACORN for a filter, as the embedded store does (why: _Edge.search)
-        params = (m.SearchParams(hnsw_ef=ef, acorn=m.AcornSearchParams(enable=True)) if flt and self.acorn
-                  else m.SearchParams(hnsw_ef=ef) if ef else None)
+        params = search_params(m, ef, bool(flt), self.acorn)
         with warnings.catch_warnings():  # a local-mode client warns that it ignores params
             warnings.filterwarnings("ignore", "Local mode performs exact")
             res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,

@@ -88,6 +88,20 @@ def full_scan_threshold(dim: int) -> int:
     return math.ceil(EXACT_FILTER_LIMIT * dim * 4 / 1024)
 
 
+def search_params(models: Any, ef: int | None, filtered: bool, acorn: bool) -> Any:
+    """The SearchParams of a search (``models``: qdrant_edge or qdrant_client.models, which
+    name them alike), or None for the engine's defaults. A filter above the full-scan
+    threshold walks the graph. Qdrant's plain filtered walk never steps through points outside
+    the filter, and it adds per-value links only for values under ~4/m of the points: one
+    language of five or six gets none, and its walk found about half of the filter's exact top
+    10 (ann_scale.py at 200k). ACORN also steps through neighbours' neighbours; the engine
+    applies it to filters matching under 40% of the points (its default), and the plain walk to
+    the rest. ACORN costs time (~5x at 200k); options["acorn"] = False trades that recall back."""
+    if filtered and acorn:
+        return models.SearchParams(hnsw_ef=ef, acorn=models.AcornSearchParams(enable=True))
+    return models.SearchParams(hnsw_ef=ef) if ef else None
+
+
 class _Edge:
     """A Qdrant Edge shard embedded in ``<folder>/shard``, with writes staged until commit.
 
@@ -115,7 +129,7 @@ class _Edge:
         self.redo = os.path.join(folder, REDO)
         self.stamp = os.path.join(folder, STAMP)
         self.optimize = bool(options.get("optimize", True))
-        self.acorn = bool(options.get("acorn", True))  # for large filters: see search
+        self.acorn = bool(options.get("acorn", True))  # for large filters: see search_params
         self.snapshot_dir = options.get("snapshot_dir")
         self.snapshot_wait = float(options.get("snapshot_wait", SNAPSHOT_WAIT))
         self.always_copy = bool(options.get("snapshot", False))  # readers: a copy, even alone
@@ -640,15 +654,7 @@ class _Edge:
         q = self.q
         shadowed = len(self.under()) if self.staged else 0  # hits that staged writes replace
         flt = langs and q.Filter(must=[q.FieldCondition("lang", match=q.MatchAny(langs))])
-        # A filter above the full-scan threshold walks the graph. Qdrant's plain filtered walk
-        # never steps through points outside the filter, and it adds per-value links only for
-        # values under ~4/m of the points: one language of five or six gets none, and its walk
-        # found about half of the filter's exact top 10 (ann_scale.py at 200k). ACORN also
-        # steps through neighbours' neighbours; the engine applies it to filters matching under
-        # 40% of the points (its default), and the plain walk to the rest. ACORN costs time
-        # (~14x at 200k); options["acorn"] = False trades that recall back for it.
-        params = (q.SearchParams(hnsw_ef=ef, acorn=q.AcornSearchParams(enable=True)) if flt and self.acorn
-                  else q.SearchParams(hnsw_ef=ef) if ef else None)
+        params = search_params(q, ef, bool(flt), self.acorn)
         res = self.shard.query(q.QueryRequest(query=q.Query.Nearest(vec.tolist()),
                                               limit=k + shadowed, filter=flt or None,
                                               with_payload=True, params=params))
