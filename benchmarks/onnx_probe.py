@@ -86,7 +86,7 @@ def main() -> None:
     from vecplug.metrics import average_precision_at_k
 
     torch.set_num_threads(1)
-    work = Path(args.work)
+    work = Path(args.work) / args.student  # the exported graph is reused on a rerun
     work.mkdir(parents=True, exist_ok=True)
     enc = Encoder.from_specs("me5-small", args.student, query_quantize=None)
     student = enc.query
