@@ -9,17 +9,24 @@ It exports the student (mean pooling and normalisation inside the graph), lets O
 optimizer fuse it, and quantises its weight MatMuls dynamically (int8 weights per output
 channel) in the variants named below. Latency: one query at a time, one thread, the median
 question length. Quality: X-Y mAP@20 on all XQuAD-R questions, plain and with the bias
-correction (documents as stored in the index).
+correction (documents as stored in the index); ORT encodes one unpadded question at a time,
+the torch rows go through vecplug's own batched encode.
 
     .venv/bin/python benchmarks/onnx_probe.py --index /tmp/idx/eval-xquad --work /tmp/onnx-probe
 """
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import header_markdown, machine_info, markdown_table, percentile  # noqa: E402
+from query_latency import timed  # noqa: E402
+from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
 #: name -> (reduce_range, keep the FFN down-projections in float32)
 VARIANTS = {"int8": (False, False), "int8 reduce-range": (True, False),
@@ -69,7 +76,7 @@ def quantise(src: Path, work: Path) -> dict[str, Path]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--index", required=True, help="pooled XQuAD-R index of me5-small documents")
-    ap.add_argument("--xquad", default=str(Path(__file__).resolve().parents[1] / "../shared/data/xquad-r"))
+    ap.add_argument("--xquad", default=str(DEFAULT_DATA_DIR))
     ap.add_argument("--work", default="/tmp/onnx-probe")
     ap.add_argument("--student", default="me5-small-student-k6")
     ap.add_argument("--latency-queries", type=int, default=300)
@@ -86,6 +93,7 @@ def main() -> None:
     from vecplug.metrics import average_precision_at_k
 
     torch.set_num_threads(1)
+    info = machine_info()  # after the thread setting, which it reports
     work = Path(args.work) / args.student  # the exported graph is reused on a rerun
     work.mkdir(parents=True, exist_ok=True)
     enc = Encoder.from_specs("me5-small", args.student, query_quantize=None)
@@ -103,30 +111,27 @@ def main() -> None:
         docs = index.store.vectors([s.doc_id for s in sentences])
         means = LanguageStats.fit(index.store).means()
     doc_ids = np.array([s.doc_id for s in sentences])
-    doc_langs = [s.lang for s in sentences]
-    centred_docs = means.centre(docs, doc_langs)
+    centred_docs = means.centre(docs, [s.lang for s in sentences])
+    query_langs = [q.lang for q in questions]
+    relevant = [set(data.relevant[q.qid].values()) for q in questions]
     ids = student.tokenize([q.text for q in questions], enc.query_prefix, enc.query_max_length)
     step = max(1, len(ids) // args.latency_queries)
-    timed = ids[::step][:args.latency_queries]
+    sample = ids[::step][:args.latency_queries]
 
     def quality(vectors: np.ndarray) -> tuple[float, float]:
+        """X-Y mAP@20, plain and with the bias correction."""
         res = []
-        for q_vecs, d_vecs in ((vectors, docs), (means.centre(vectors, [q.lang for q in questions]), centred_docs)):
+        for q_vecs, d_vecs in ((vectors, docs), (means.centre(vectors, query_langs), centred_docs)):
             scores = q_vecs @ d_vecs.T
-            top = np.argsort(-scores, axis=1)[:, :20]
-            res.append(float(np.mean([average_precision_at_k(list(doc_ids[t]), set(data.relevant[q.qid].values()), 20)
-                                      for t, q in zip(top, questions)])))
+            top = np.argpartition(-scores, 20, axis=1)[:, :20]
+            top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+            res.append(float(np.mean([average_precision_at_k(list(doc_ids[t]), rel, 20)
+                                      for t, rel in zip(top, relevant)])))
         return res[0], res[1]
 
     def latency(fn) -> tuple[float, float]:
-        for x in timed[:20]:
-            fn(x)
-        times = []
-        for x in timed:
-            t = time.perf_counter()
-            fn(x)
-            times.append(time.perf_counter() - t)
-        return float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 95) * 1e3)
+        times = timed(fn, sample)
+        return percentile(times, 50) * 1e3, percentile(times, 95) * 1e3
 
     def torch_encode(x):
         with torch.inference_mode():
@@ -152,13 +157,13 @@ def main() -> None:
     rows.append(("torch int8 (vecplug's recipe)", *latency(torch_encode),
                  *quality(student.encode([q.text for q in questions], enc.query_prefix, enc.query_max_length))))
 
-    print(f"## {args.student} query encoding: torch vs ONNX Runtime\n")
-    print(f"- date (UTC): {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}; one thread; "
-          f"median query {int(np.median([len(x) for x in timed]))} tokens; ORT {ort.__version__}\n")
-    print("| encoder | p50 ms | p95 ms | X-Y mAP@20 | with the correction |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, p50, p95, plain, centred in rows:
-        print(f"| {name} | {p50:.1f} | {p95:.1f} | {plain:.3f} | {centred:.3f} |")
+    print(header_markdown(f"{args.student} query encoding: torch vs ONNX Runtime", info))
+    print(f"\nOne query at a time on one thread ({len(sample)} questions, median "
+          f"{int(np.median([len(x) for x in sample]))} tokens); onnxruntime {ort.__version__}. "
+          f"X-Y mAP@20 over all {len(questions):,} questions.\n")
+    print(markdown_table(["encoder", "p50 ms", "p95 ms", "X-Y mAP@20", "with the correction"],
+                         [(name, f"{p50:.1f}", f"{p95:.1f}", f"{plain:.3f}", f"{centred:.3f}")
+                          for name, p50, p95, plain, centred in rows]))
 
 
 if __name__ == "__main__":
