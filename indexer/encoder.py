@@ -35,7 +35,7 @@ class TextEncoder:
 
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  threads: int | None = None, shared_embeddings: Any = None,
-                 post: Any = None, quantize: str | None = None) -> None:
+                 post: Any = None, quantize: str | None = None, runtime: str = "torch") -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -59,13 +59,25 @@ class TextEncoder:
                 except TypeError:  # architectures without a pooler do not take the flag
                     self.model = AutoModel.from_pretrained(str(info.path), trust_remote_code=False)
         self.model.eval()
-        self.quantize = quantize
-        if quantize == "int8":
-            self.model = _int8(self.model)
-        elif quantize is not None:
+        self.quantize, self.runtime = quantize, runtime
+        #: the layers in ONNX Runtime (runtime "onnx"); the torch model then only looks up the
+        #: token embeddings, from the vocabulary table it may share with a teacher or student
+        self.onnx: Any = None
+        if quantize not in (None, "int8"):
             from vecplug.errors import ConfigError
 
             raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
+        if runtime == "onnx":
+            from vecplug.indexer.models import vecplug_home
+            from vecplug.indexer.onnx_runtime import load_layers
+
+            self.onnx = load_layers(self.model, info.checksum, quantize, vecplug_home() / "onnx", threads)
+        elif runtime != "torch":
+            from vecplug.errors import ConfigError
+
+            raise ConfigError(f"unknown runtime '{runtime}'; known: torch, onnx")
+        elif quantize == "int8":
+            self.model = _int8(self.model)
         self.dim = int(self.model.config.hidden_size)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
         self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
@@ -105,9 +117,7 @@ class TextEncoder:
                     seq = ids[i]
                     input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
                     mask[row, :len(seq)] = 1
-                hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-                m = mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+                pooled = self._pooled(input_ids, mask)
                 if self.post is not None:
                     pooled = self.post(pooled)
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
@@ -118,9 +128,20 @@ class TextEncoder:
         bar.close()
         return out
 
+    def _pooled(self, input_ids: Any, mask: Any) -> Any:
+        """Mean of the last hidden states over the real tokens."""
+        import torch
+
+        if self.onnx is not None:
+            embeds = self.model.get_input_embeddings()(input_ids)
+            return torch.from_numpy(self.onnx(embeds.numpy(), mask.numpy()))
+        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
     def describe(self) -> dict[str, Any]:
         return {"model": self.info.spec, "checksum": self.info.checksum, "dim": self.dim,
-                "quantize": self.quantize}
+                "quantize": self.quantize, "runtime": self.runtime}
 
 
 def _int8(model: Any) -> Any:
@@ -180,10 +201,20 @@ class Encoder:
                  document_max_length: int = DEFAULT_DOCUMENT_MAX_LENGTH,
                  query_prefix: str | None = None, document_prefix: str | None = None,
                  batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
-                 query_quantize: str | None = "auto") -> None:
+                 query_quantize: str | None = "auto", document_quantize: str | None = None,
+                 runtime: str = "torch") -> None:
         self.document_info = document
         self.query_info = query if query is not None and query.checksum != document.checksum else document
         self.query_quantize = _quantize_for(query_quantize, self.query_info)
+        self.document_quantize = None if document_quantize in (None, "none") else document_quantize
+        self.runtime = runtime
+        if self.document_quantize is not None and runtime != "onnx":
+            from vecplug.errors import ConfigError
+
+            # torch's int8 moved document vectors too far (README "Speed"); ONNX Runtime's
+            # recipe is the one measured on documents
+            raise ConfigError(f"document quantisation {self.document_quantize} needs the onnx "
+                              f"runtime (model.runtime: onnx, --runtime onnx), not {runtime}")
         self._document: TextEncoder | None = None
         self._query: TextEncoder | None = None
         self.batch_tokens, self.threads = batch_tokens, threads
@@ -209,11 +240,12 @@ class Encoder:
     @property
     def document(self) -> TextEncoder:
         if self._document is None:
-            if self.query_info is self.document_info and self._query is not None and not self.query_quantize:
+            if self._same_model() and self._query is not None:
                 self._document = self._query
             else:
                 self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                                             post=_pca_map(self.projection) if self.projection else None)
+                                             post=_pca_map(self.projection) if self.projection else None,
+                                             quantize=self.document_quantize, runtime=self.runtime)
                 teacher = self.query_info.teacher
                 if (self._query is not None and teacher is not None
                         and teacher.checksum == self.document_info.checksum):
@@ -226,11 +258,11 @@ class Encoder:
     @property
     def query(self) -> TextEncoder:
         if self._query is None:
-            if self.query_info is self.document_info and not self.query_quantize:
+            if self._same_model():
                 self._query = self.document
-            elif self.query_info is self.document_info:  # an int8 copy of the document encoder
+            elif self.query_info is self.document_info:  # the document encoder, quantised otherwise
                 self._query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                                          quantize=self.query_quantize)
+                                          quantize=self.query_quantize, runtime=self.runtime)
             else:
                 shared = None
                 teacher = self.query_info.teacher
@@ -240,8 +272,12 @@ class Encoder:
                     shared = self._document.model.get_input_embeddings().weight.detach()
                 self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
                                           post=_head_map(self.projection) if self.projection else None,
-                                          quantize=self.query_quantize)
+                                          quantize=self.query_quantize, runtime=self.runtime)
         return self._query
+
+    def _same_model(self) -> bool:
+        """Queries and documents run through one loaded model (same weights, same quantisation)."""
+        return self.query_info is self.document_info and self.query_quantize == self.document_quantize
 
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
         return self.document.encode(texts, self.document_prefix, self.document_max_length,
@@ -270,6 +306,8 @@ class Encoder:
             "query_max_length": self.query_max_length,
             "document_max_length": self.document_max_length,
             "query_quantize": self.query_quantize,
+            "document_quantize": self.document_quantize,
+            "runtime": self.runtime,
         }
 
 

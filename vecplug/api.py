@@ -135,7 +135,9 @@ class Index:
             encoder = Encoder.from_specs(
                 document, query, batch_tokens=m.batch_tokens, threads=m.threads,
                 query_max_length=m.query_max_length, document_max_length=m.document_max_length,
-                query_quantize=m.query_quantize, **prefixes)
+                query_quantize=m.query_quantize,
+                document_quantize=m.document_quantize or built.get("document_quantize"),
+                runtime=m.runtime or built.get("runtime") or "torch", **prefixes)
             if built:
                 check_encoder(built, encoder.describe())
             check_query_encoder(encoder.describe())
@@ -380,7 +382,8 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
     checks = (("document_encoder_checksum", "document encoder", "document_encoder"),
               ("dim", "dimension", None), ("normalize", "normalisation", None),
               ("pooling", "pooling", None), ("document_prefix", "document prefix", None),
-              ("query_prefix", "query prefix", None))
+              ("query_prefix", "query prefix", None),
+              ("document_quantize", "document quantisation", None))
     # the store's similarity: vecplug writes and searches unit vectors by cosine (inner
     # product); an index whose manifest names another space would be ranked wrongly
     store = built.get("store")

@@ -42,6 +42,9 @@ def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                                      "[default: the index's, or me5-small]."),
         click.option("--query-encoder", help="Query encoder: the document encoder itself or a student "
                                              "distilled from it [default: the index's]."),
+        click.option("--runtime", type=click.Choice(["torch", "onnx"]),
+                     help="What runs the encoders: torch (default) or onnx (ONNX Runtime, faster on a "
+                          "CPU; pip install 'vecplug[onnx]')."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -50,12 +53,12 @@ def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _settings(config_file: str | None, index_path: str | None, store: str | None, url: str | None,
               collection: str | None, model: str | None, query_encoder: str | None,
-              sections: dict[str, dict[str, Any]] | None = None) -> Any:
+              runtime: str | None, sections: dict[str, dict[str, Any]] | None = None) -> Any:
     from vecplug.config import load_settings
 
     overrides: dict[str, dict[str, Any]] = {
         "index": {"path": index_path, "store": store, "url": url, "collection": collection},
-        "model": {"document": model, "query": query_encoder},
+        "model": {"document": model, "query": query_encoder, "runtime": runtime},
     }
     for section, values in (sections or {}).items():
         overrides.setdefault(section, {}).update(values)
@@ -75,15 +78,18 @@ def cli() -> None:
 @click.option("--chunk-tokens", type=int, help="Passage size for .txt/.md files, in tokens.")
 @click.option("--debias/--no-debias", default=None,
               help="A new index searches with the language-bias correction on by default.")
+@click.option("--int8-documents", "int8_documents", is_flag=True, default=None,
+              help="Encode documents with int8 weights (with --runtime onnx; recorded in the index).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_errors
-def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: bool | None, quiet: bool,
-              **common: Any) -> None:
+def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: bool | None,
+              int8_documents: bool | None, quiet: bool, **common: Any) -> None:
     """Index the documents under PATH (.txt, .md, .jsonl, .csv)."""
     from vecplug.api import Index
 
     settings = _settings(**common, sections={"corpus": {"lang": lang, "chunk_tokens": chunk_tokens},
-                                             "index": {"debias": debias}})
+                                             "index": {"debias": debias},
+                                             "model": {"document_quantize": "int8" if int8_documents else None}})
     with Index.open(settings, create=True) as index:
         report = index.index_path(path, progress=not quiet)
         total = index.store.count()

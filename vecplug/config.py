@@ -24,6 +24,7 @@ from vecplug.errors import ConfigError
 
 MODES = ("xy", "mono", "prefer")
 QUANTIZE = ("auto", "none", "int8")
+RUNTIMES = ("torch", "onnx")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,15 @@ class ModelSettings:
     #: says its quality was measured in int8 (the shipped default is), on an x86 CPU; else
     #: float32. The figures are in the README.
     query_quantize: str | None = "auto"
+    #: the document encoder's weights: ``none`` (float32) or ``int8`` (with ``runtime: onnx``
+    #: only, where it was measured: 99% of float32's X-Y mAP@20); None: the index's (recorded in
+    #: its manifest), else none
+    document_quantize: str | None = None
+    #: what runs the transformer: ``torch``, or ``onnx`` (ONNX Runtime, ``pip install
+    #: 'vecplug[onnx]'``): the same float32 vectors, faster on a CPU, and its own int8 recipe;
+    #: the graph is exported on first use into ``$VECPLUG_HOME/onnx``. None: the index's
+    #: (recorded in its manifest), else torch
+    runtime: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,11 @@ class Settings:
         if self.model.query_quantize not in (None, *QUANTIZE):  # None: as "none"
             raise ConfigError(f"model.query_quantize must be one of {', '.join(QUANTIZE)} or null, "
                               f"not '{self.model.query_quantize}'")
+        if self.model.document_quantize not in (None, "none", "int8"):
+            raise ConfigError(f"model.document_quantize must be none or int8, "
+                              f"not '{self.model.document_quantize}'")
+        if self.model.runtime not in (None, *RUNTIMES):
+            raise ConfigError(f"model.runtime must be one of {', '.join(RUNTIMES)}, not '{self.model.runtime}'")
         if not 0 <= self.corpus.chunk_overlap < self.corpus.chunk_tokens:
             raise ConfigError("corpus.chunk_overlap must be >= 0 and smaller than corpus.chunk_tokens")
         return self

@@ -1,0 +1,202 @@
+"""``model.runtime: onnx``: the layers exported to ONNX Runtime, cached, fp32 and int8."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vecplug.errors import ConfigError, MissingDependencyError, ModelError
+from vecplug.indexer.encoder import Encoder
+from vecplug.indexer import onnx_runtime
+
+TEXTS = ["the quick brown fox", "wasser kocht bei hundert grad", "水在一百度沸腾",
+         "el agua hierve a cien grados y el zorro salta sobre el perro perezoso"]
+
+
+def _graphs(home: Path) -> list[Path]:
+    return sorted((home / "onnx").glob("*.onnx"))
+
+
+def test_fp32_graph_gives_torch_vectors_and_is_cached(tiny_model: Path, fresh_machine: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    torch_enc = Encoder.from_specs(str(tiny_model))
+    onnx_enc = Encoder.from_specs(str(tiny_model), runtime="onnx")
+    # batched with padding (documents) and one at a time (queries): the same vectors
+    np.testing.assert_allclose(onnx_enc.encode_documents(TEXTS), torch_enc.encode_documents(TEXTS), atol=1e-5)
+    single = np.vstack([onnx_enc.encode_queries([t]) for t in TEXTS])
+    np.testing.assert_allclose(single, torch_enc.encode_queries(TEXTS), atol=1e-5)
+    assert onnx_enc.query is onnx_enc.document  # one model, one quantisation: one session
+    graphs = _graphs(fresh_machine)
+    assert len(graphs) == 1 and "-fp32-" in graphs[0].name
+    assert not [p for p in (fresh_machine / "onnx").iterdir() if p.name.startswith(".")]  # no leftovers
+    describe = onnx_enc.describe()
+    assert describe["runtime"] == "onnx" and describe["query_quantize"] is None
+
+    # a second process opens the cached graph: no export
+    def no_export(*args: object, **kwargs: object) -> None:
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr(onnx_runtime, "build_graph", no_export)
+    again = Encoder.from_specs(str(tiny_model), runtime="onnx")
+    np.testing.assert_allclose(again.encode_documents(TEXTS), torch_enc.encode_documents(TEXTS), atol=1e-5)
+
+
+def test_int8_graph_quantises_all_but_the_narrowing_layers(tiny_model: Path, fresh_machine: Path) -> None:
+    import onnx
+
+    fp32 = Encoder.from_specs(str(tiny_model), runtime="onnx", query_quantize="none")
+    int8 = Encoder.from_specs(str(tiny_model), runtime="onnx", query_quantize="int8")
+    assert int8.query is not int8.document  # documents stay float32
+    a, b = fp32.encode_queries(TEXTS), int8.encode_queries(TEXTS)
+    assert not np.allclose(a, b, atol=1e-6)  # it really runs other weights
+    assert (a * b).sum(1).min() > 0.95  # and stays close to the fp32 vectors
+    np.testing.assert_allclose(int8.encode_documents(TEXTS), fp32.encode_documents(TEXTS), atol=1e-6)
+    path = next(p for p in _graphs(fresh_machine) if "-int8-" in p.name)
+    graph = onnx.load(str(path)).graph
+    ops = [n.op_type for n in graph.node]
+    layers = 2  # the tiny model's
+    # the FFN up-projection and the attention output in int8, per output channel ...
+    assert ops.count("MatMulInteger") == 2 * layers
+    # ... the FFN down-projections (in > out) in float32
+    weights = {i.name: tuple(i.dims) for i in graph.initializer}
+    float_matmuls = [n for n in graph.node if n.op_type == "MatMul"
+                     and any(i in weights and len(weights[i]) == 2 for i in n.input)]
+    assert len(float_matmuls) == layers
+    assert all(weights[i][0] > weights[i][1] for n in float_matmuls for i in n.input if i in weights)
+    assert "Attention" in ops  # fused by ORT's optimizer (the eager-attention export)
+
+
+def test_a_student_shares_its_teachers_table_under_onnx(tiny_model: Path, tmp_path: Path) -> None:
+    """The table stays in torch, outside the graph: teacher and student keep one copy."""
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.student import make_student, save_student
+
+    teacher = Encoder.from_specs(str(tiny_model))
+    info = resolve_model(str(tiny_model))
+    folder = tmp_path / "student"
+    save_student(make_student(teacher.document.model, [1]), folder,
+                 {"kind": "vecplug query student", "teacher": str(tiny_model),
+                  "teacher_checksum": info.checksum, "layers": [1]})
+    both = Encoder.from_specs(str(tiny_model), str(folder), runtime="onnx", query_quantize="none")
+    plain = Encoder.from_specs(str(tiny_model), str(folder), query_quantize="none")
+    np.testing.assert_allclose(both.encode_queries(TEXTS), plain.encode_queries(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(both.encode_documents(TEXTS), plain.encode_documents(TEXTS), atol=1e-5)
+    assert both.query.model.get_input_embeddings().weight.data_ptr() == \
+        both.document.model.get_input_embeddings().weight.data_ptr()
+
+
+def test_a_failed_export_leaves_nothing_in_the_cache(tiny_model: Path, fresh_machine: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("unsupported operator")
+
+    monkeypatch.setattr("torch.onnx.export", broken)
+    with pytest.raises(ModelError, match="cannot export BertModel to ONNX: unsupported operator"):
+        Encoder.from_specs(str(tiny_model), runtime="onnx").encode_documents(TEXTS)
+    assert list((fresh_machine / "onnx").iterdir()) == []
+
+
+def test_missing_onnxruntime_names_the_extra(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    with pytest.raises(MissingDependencyError, match=r"pip install 'vecplug\[onnx\]'"):
+        Encoder.from_specs(str(tiny_model), runtime="onnx").encode_documents(TEXTS)
+
+
+def test_unknown_runtime_is_refused(tiny_model: Path) -> None:
+    from vecplug.config import load_settings
+
+    with pytest.raises(ConfigError, match="model.runtime must be one of torch, onnx"):
+        load_settings(environ={"VECPLUG_MODEL_RUNTIME": "tensorrt"})
+    assert load_settings(environ={"VECPLUG_MODEL_RUNTIME": "onnx"}).model.runtime == "onnx"
+    with pytest.raises(ConfigError, match="unknown runtime 'tvm'"):
+        Encoder.from_specs(str(tiny_model), runtime="tvm").encode_documents(TEXTS)
+
+
+def test_cli_indexes_and_searches_with_onnx(tiny_model: Path, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("water boils at one hundred degrees\n", encoding="utf-8")
+    (corpus / "b.txt").write_text("der schnelle braune fuchs springt über den faulen hund\n", encoding="utf-8")
+    runner = CliRunner()
+    common = ["--index", str(tmp_path / "idx"), "--model", str(tiny_model), "--runtime", "onnx"]
+    result = runner.invoke(cli, ["index", str(corpus), "-q", "--lang", "en", *common])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads(runner.invoke(cli, ["info", "--json", *common]).output)["manifest"]
+    assert manifest["runtime"] == "onnx"
+    result = runner.invoke(cli, ["search", "wasser kocht", "--json", "--lang", "de", *common])
+    assert result.exit_code == 0, result.output
+    hits = json.loads(result.output)["hits"]
+    assert len(hits) == 2
+    # the same index searched by torch gives the same ranking and scores
+    torch_run = runner.invoke(cli, ["search", "wasser kocht", "--json", "--lang", "de",
+                                    *common[:-1], "torch"])
+    assert torch_run.exit_code == 0, torch_run.output
+    torch_hits = json.loads(torch_run.output)["hits"]
+    assert [h["id"] for h in hits] == [h["id"] for h in torch_hits]
+    assert np.allclose([h["score"] for h in hits], [h["score"] for h in torch_hits], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_shipped_student_under_onnx_runtime(built_me5: Path) -> None:
+    """The real student: ORT fp32 gives torch's vectors; ORT int8 stays close and ranks alike.
+    (Its XQuAD-R quality, 99% of fp32's mAP@20, is measured by benchmarks/eval_onnx.sh.)"""
+    from vecplug.indexer.models import DEFAULT_STUDENTS
+
+    from test_me5 import SENTENCES
+
+    name = DEFAULT_STUDENTS["me5-small"]
+    reference = Encoder.from_specs("me5-small", name, query_quantize="none")
+    fp32 = Encoder.from_specs("me5-small", name, query_quantize="none", runtime="onnx")
+    int8 = Encoder.from_specs("me5-small", name, query_quantize="int8", runtime="onnx")
+    ref = reference.encode_queries(SENTENCES)
+    np.testing.assert_allclose(fp32.encode_queries(SENTENCES), ref, atol=1e-4)
+    q8 = int8.encode_queries(SENTENCES)
+    assert float((q8 * ref).sum(1).mean()) > 0.99
+    docs = reference.encode_documents(SENTENCES)
+    assert (np.argmax(q8 @ docs.T, axis=1) == np.argmax(ref @ docs.T, axis=1)).all()
+
+
+def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path) -> None:
+    """An index of int8 documents says so; later runs use it, and refuse to mix in fp32 ones."""
+    import json
+
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("water boils at one hundred degrees\n", encoding="utf-8")
+    runner = CliRunner()
+    common = ["--index", str(tmp_path / "idx"), "--model", str(tiny_model)]
+    refused = runner.invoke(cli, ["index", str(corpus), "-q", "--int8-documents", *common])
+    assert refused.exit_code != 0 and "needs the onnx runtime" in refused.output
+    result = runner.invoke(cli, ["index", str(corpus), "-q", "--int8-documents", "--runtime", "onnx", *common])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads(runner.invoke(cli, ["info", "--json", *common]).output)["manifest"]
+    assert manifest["document_quantize"] == "int8" and manifest["runtime"] == "onnx"
+    # no flags: the index's runtime and quantisation
+    (corpus / "b.txt").write_text("wasser kocht bei hundert grad\n", encoding="utf-8")
+    result = runner.invoke(cli, ["index", str(corpus), "-q", *common])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["search", "wasser", "--json", *common])
+    assert result.exit_code == 0 and len(json.loads(result.output)["hits"]) == 2
+    # int8 documents into an index of float32 ones: a mismatch, named
+    (corpus / "c.txt").write_text("el agua hierve a cien grados\n", encoding="utf-8")
+    fp32_index = ["--index", str(tmp_path / "fp32"), "--model", str(tiny_model)]
+    assert runner.invoke(cli, ["index", str(corpus), "-q", *fp32_index]).exit_code == 0
+    (corpus / "d.txt").write_text("der fuchs springt\n", encoding="utf-8")
+    result = runner.invoke(cli, ["index", str(corpus), "-q", "--int8-documents", "--runtime", "onnx",
+                                 *fp32_index])
+    assert result.exit_code != 0 and "document quantisation mismatch" in result.output
+    # and torch cannot run its int8 documents
+    result = runner.invoke(cli, ["search", "wasser", *common, "--runtime", "torch"])
+    assert result.exit_code != 0 and "needs the onnx runtime" in result.output
