@@ -138,7 +138,7 @@ def committed(target: tuple[type, str, dict[str, Any]], vecs: np.ndarray) -> Ite
         store.close()
 
 
-@pytest.mark.filterwarnings("ignore:Local mode performs exact")  # qdrant-client's stand-in server
+@pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client
 def test_candidates_then_hits_is_search(target: tuple[type, str, dict[str, Any]]) -> None:
     """The two-step search: candidates carry their language, score and stored vector; hits
     reads the records of those kept, in the order and with the scores given."""
@@ -159,7 +159,7 @@ def test_candidates_then_hits_is_search(target: tuple[type, str, dict[str, Any]]
         assert store.hits([]) == []
 
 
-@pytest.mark.filterwarnings("ignore:Local mode performs exact")  # qdrant-client's stand-in server
+@pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client
 def test_search_breadth_per_query(target: tuple[type, str, dict[str, Any]]) -> None:
     """``ef`` is accepted by every store, and a wide search finds the exact neighbours."""
     vecs = unit_vectors(400, DIM, seed=3)

@@ -249,6 +249,10 @@ class _Server:
         self.client = options.get("client") or QdrantClient(
             url=location, api_key=options.get("api_key"), timeout=options.get("timeout"),
             prefer_grpc=bool(options.get("prefer_grpc", False)))
+        # a caller's client in local mode (":memory:" or a path) searches exactly and warns
+        # that it ignores search params: decided once here, so searches send none
+        opts = getattr(self.client, "init_options", None) or {}
+        self.local = opts.get("location") == ":memory:" or bool(opts.get("path"))
 
     def meta(self) -> dict[str, Any] | None:
         """Our metadata entry; None when the collection or the entry is absent."""
@@ -287,11 +291,9 @@ class _Server:
     def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
         m = self.m
         flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
-        params = search_params(m, ef, bool(flt), self.acorn)
-        with warnings.catch_warnings():  # a local-mode client warns that it ignores params
-            warnings.filterwarnings("ignore", "Local mode performs exact")
-            res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,
-                         query_filter=flt or None, with_payload=True, search_params=params)
+        params = None if self.local else search_params(m, ef, bool(flt), self.acorn)
+        res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,
+                     query_filter=flt or None, with_payload=True, search_params=params)
         return [(p.payload or {}, float(p.score)) for p in res.points]
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
