@@ -183,6 +183,7 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path) 
     assert result.exit_code == 0, result.output
     manifest = json.loads(runner.invoke(cli, ["info", "--json", *common]).output)["manifest"]
     assert manifest["document_quantize"] == "int8" and manifest["runtime"] == "onnx"
+    assert "runtime:    onnx, document weights int8" in runner.invoke(cli, ["info", *common]).output
     # no flags: the index's runtime and quantisation
     (corpus / "b.txt").write_text("wasser kocht bei hundert grad\n", encoding="utf-8")
     result = runner.invoke(cli, ["index", str(corpus), "-q", *common])
@@ -200,3 +201,12 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path) 
     # and torch cannot run its int8 documents
     result = runner.invoke(cli, ["search", "wasser", *common, "--runtime", "torch"])
     assert result.exit_code != 0 and "needs the onnx runtime" in result.output
+
+
+def test_load_encoder_takes_the_runtime(tiny_model: Path) -> None:
+    import vecplug
+
+    encoder = vecplug.load_encoder(str(tiny_model), str(tiny_model), runtime="onnx")
+    assert encoder.describe()["runtime"] == "onnx"
+    np.testing.assert_allclose(encoder.encode_queries(TEXTS),
+                               Encoder.from_specs(str(tiny_model)).encode_queries(TEXTS), atol=1e-5)

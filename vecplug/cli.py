@@ -174,6 +174,8 @@ def info_cmd(as_json: bool, **common: Any) -> None:
     click.echo(f"dimension {m.get('dim')}, {m.get('pooling')} pooling, normalised {m.get('normalize')}, "
                f"prefixes {m.get('query_prefix')!r} / {m.get('document_prefix')!r}, "
                f"max tokens {m.get('query_max_length')} / {m.get('document_max_length')}")
+    click.echo(f"runtime:    {m.get('runtime') or 'torch'}, document weights "
+               f"{m.get('document_quantize') or 'float32'}")
     click.echo(f"language-bias correction: {'on' if m.get('debias') else 'off'} by default "
                "(--debias/--no-debias per search)")
     click.echo(f"built by vecplug {m.get('vecplug_version')}, created {m.get('created')}, "

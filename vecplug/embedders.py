@@ -16,26 +16,27 @@ DEFAULT_MODEL = "me5-small"
 
 
 def load_encoder(document: str | None = None, query: str | None = None, *,
-                 index: str | None = None, settings: Any = None) -> Any:
+                 index: str | None = None, settings: Any = None, **options: Any) -> Any:
     """The encoder pair (``vecplug.indexer.encoder.Encoder``) of an index, or of the given models.
 
     With ``index`` (an index folder), the models, prefixes and lengths are the index's own
     (``document``/``query`` may still override, and are checked against it). Without it,
     ``document`` defaults to me5-small and ``query`` to the student registered for it.
+    ``options`` are model settings (``runtime="onnx"``, ``query_quantize="none"``, ``threads``...).
     """
     from vecplug.api import Index, check_query_encoder, settings_for
     from vecplug.indexer.encoder import Encoder
     from vecplug.indexer.models import DEFAULT_STUDENTS, resolve_model
 
     if index is not None or settings is not None:
-        s = settings or settings_for(index, model={"document": document, "query": query})
+        s = settings or settings_for(index, model={"document": document, "query": query, **options})
         with Index.open(s) as opened:
             return opened.encoder
     if document is None and query is not None:
         info = resolve_model(query)
         document = info.teacher.spec if info.teacher is not None else query
     document = document or DEFAULT_MODEL
-    encoder = Encoder.from_specs(document, query or DEFAULT_STUDENTS.get(document))
+    encoder = Encoder.from_specs(document, query or DEFAULT_STUDENTS.get(document), **options)
     check_query_encoder(encoder.describe())
     return encoder
 
