@@ -72,6 +72,7 @@ class TextEncoder:
             from vecplug.indexer.onnx_runtime import load_layers
 
             self.onnx = load_layers(self.model, info.checksum, quantize, vecplug_home() / "onnx", threads)
+            _drop_layers(self.model)
         elif runtime != "torch":
             from vecplug.errors import ConfigError
 
@@ -142,6 +143,17 @@ class TextEncoder:
     def describe(self) -> dict[str, Any]:
         return {"model": self.info.spec, "checksum": self.info.checksum, "dim": self.dim,
                 "quantize": self.quantize, "runtime": self.runtime}
+
+
+def _drop_layers(model: Any) -> None:
+    """Free a model's modules other than its embeddings (once its layers run in ONNX Runtime,
+    torch only looks up token embeddings): 42 MB of the student, 85 MB of the teacher."""
+    import torch
+
+    table = model.get_input_embeddings()
+    for name, child in list(model.named_children()):
+        if child is not None and not any(m is table for m in child.modules()):
+            setattr(model, name, torch.nn.Identity())
 
 
 def _int8(model: Any) -> Any:

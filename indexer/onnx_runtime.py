@@ -14,6 +14,7 @@ Normalisation and a student's projection stay outside too, so both runtimes shar
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.errors import MissingDependencyError, ModelError
+from vecplug.errors import ConfigError, MissingDependencyError, ModelError
 
 #: Bump when the export, the fusion or the quantisation below changes: cached graphs of an
 #: older recipe are then rebuilt instead of reused.
@@ -51,8 +52,6 @@ def build_graph(model: Any, path: Path, quantize: str | None) -> Path:
     """Export ``model`` (a Hugging Face encoder, eval mode), fuse it and optionally quantise it
     into ``path``, atomically: the file appears complete or not at all."""
     ort = require_onnxruntime()
-    import importlib.util
-
     if importlib.util.find_spec("onnx") is None:  # the exporter, the optimizer and the quantiser need it
         raise MissingDependencyError("onnx", extra="onnx", purpose="model.runtime: onnx")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,8 +64,6 @@ def build_graph(model: Any, path: Path, quantize: str | None) -> Path:
             final = Path(tmp) / "int8.onnx"
             _int8(fused, final)
         elif quantize is not None:
-            from vecplug.errors import ConfigError
-
             raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
         # a session must open it before it takes the cache's name
         ort.InferenceSession(str(final), providers=["CPUExecutionProvider"])

@@ -28,6 +28,9 @@ def test_fp32_graph_gives_torch_vectors_and_is_cached(tiny_model: Path, fresh_ma
     single = np.vstack([onnx_enc.encode_queries([t]) for t in TEXTS])
     np.testing.assert_allclose(single, torch_enc.encode_queries(TEXTS), atol=1e-5)
     assert onnx_enc.query is onnx_enc.document  # one model, one quantisation: one session
+    # torch keeps only the embeddings: the layers live in the session
+    model = onnx_enc.document.model
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in model.embeddings.parameters())
     graphs = _graphs(fresh_machine)
     assert len(graphs) == 1 and "-fp32-" in graphs[0].name
     assert not [p for p in (fresh_machine / "onnx").iterdir() if p.name.startswith(".")]  # no leftovers
