@@ -27,9 +27,9 @@ run() {  # name, index, encoder, then VAR=value settings for this run
     local name="$1" idx="$2" encoder="$3"
     shift 3
     env "$@" "$VECPLUG" eval "$data" --index "$idx" --query-encoder "$encoder" --mode xy \
-        --debias both --out "$out/$name" --summary-only -q > "$out/$name.md"
+        --debias both --out "$out/$name" --summary-only -q > /dev/null  # the report is in --out
     # the X-Y mAP@20 row: plain, then with the correction
-    echo "| $name | $* | $(grep -m1 '^| mAP@20 ' "$out/$name.md" | cut -d'|' -f3,4) |"
+    echo "| $name | $* | $(grep -m1 '^| mAP@20 ' "$out/$name/report.md" | cut -d'|' -f3,4) |"
 }
 
 {
