@@ -6,15 +6,8 @@
 # meanwhile (two torch jobs on two cores slow each other down many times over).
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
 #      INDEX (default: a temporary folder; give one to reuse the encoded pool).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-cd "$root"
-VECPLUG="${VECPLUG:-$root/.venv/bin/vecplug}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STUDENT="${STUDENT:-me5-small-student-k6}"
-data="xquad-r:$root/../shared/data/xquad-r"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 index="${INDEX:-$tmp/xquad-r}"
 mkdir -p "$here/results"
 "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small --query-encoder "$STUDENT" \

@@ -9,15 +9,8 @@
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
 #      INDEX, INDEX_INT8 (default: temporary folders; give them to reuse the encoded pools;
 #      INDEX may be the one benchmarks/eval.sh builds).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-cd "$root"
-VECPLUG="${VECPLUG:-$root/.venv/bin/vecplug}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STUDENT="${STUDENT:-me5-small-student-k6}"
-data="xquad-r:$root/../shared/data/xquad-r"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 index="${INDEX:-$tmp/xquad-r}"
 index_int8="${INDEX_INT8:-$tmp/xquad-r-documents-int8}"
 out="$tmp/eval_onnx"

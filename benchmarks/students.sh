@@ -3,12 +3,7 @@
 # on XQuAD-R (quality, one-query latency, size): results/students.{json,md}.
 # About an hour on a 2-core machine (the teacher's targets are encoded once and cached).
 # Run nothing else meanwhile: two torch jobs on two cores slow each other down many times over.
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-cd "$root"
-PYTHON="${PYTHON:-$root/.venv/bin/python}"
-VECPLUG="${VECPLUG:-$root/.venv/bin/vecplug}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 models="${VECPLUG_HOME:-$HOME/.cache/vecplug}/models"
 students=()
 for k in ${LAYERS:-2 3 4 6}; do
@@ -16,8 +11,7 @@ for k in ${LAYERS:-2 3 4 6}; do
     students+=("$models/me5-small-student-k$k")
 done
 mkdir -p "$here/results"
-index="$(mktemp -d)/xquad-r"
+index="$tmp/xquad-r"
 "$PYTHON" benchmarks/students.py me5-small "${students[@]}" --index "$index" \
     --json "$here/results/students.json" | tee "$here/results/students.md.tmp"
 mv "$here/results/students.md.tmp" "$here/results/students.md"
-rm -rf "$(dirname "$index")"

@@ -6,12 +6,7 @@
 # About 45 minutes on a 2-core machine; run nothing else meanwhile. Students already in OUT are
 # reused (delete them to distil again); INDEX names a pooled XQuAD-R index of me5-small to reuse
 # (default: a temporary one).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-cd "$root"
-PYTHON="${PYTHON:-$root/.venv/bin/python}"
-VECPLUG="${VECPLUG:-$root/.venv/bin/vecplug}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 OUT="${OUT:-${VECPLUG_HOME:-$HOME/.cache/vecplug}/models}"
 students=()
 for d in ${DIMS:-full 128 32}; do
@@ -25,11 +20,7 @@ for d in ${DIMS:-full 128 32}; do
     students+=("$folder")
 done
 mkdir -p "$here/results"
-index="${INDEX:-}"
-if [[ -z "$index" ]]; then
-    index="$(mktemp -d)/xquad-r"
-    trap 'rm -rf "$(dirname "$index")"' EXIT
-fi
+index="${INDEX:-$tmp/xquad-r}"
 "$PYTHON" benchmarks/students.py me5-small "${students[@]}" --index "$index" \
     --json "$here/results/students_dim.json" | tee "$here/results/students_dim.md.tmp"
 mv "$here/results/students_dim.md.tmp" "$here/results/students_dim.md"

@@ -12,16 +12,9 @@
 # About an hour and a half on a 2-core machine; run nothing else meanwhile. Each step that already has its
 # result (same config and data) is skipped, so an interrupted run continues where it stopped.
 # Env: VECPLUG (default: the repository's .venv), MODELS (default: models/ in the repository).
-set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-cd "$root"
-VECPLUG="${VECPLUG:-$root/.venv/bin/vecplug}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 MODELS="${MODELS:-models}"
-data="xquad-r:$root/../shared/data/xquad-r"
 out="$here/results/train"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out" "$MODELS"
 ft="$MODELS/me5-small-tatoeba-xy"
 student="$MODELS/me5-small-tatoeba-xy-student-k6"

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,21 +57,42 @@ def build_graph(model: Any, path: Path, quantize: str | None) -> Path:
     ort = require_onnxruntime()
     if importlib.util.find_spec("onnx") is None:  # the exporter, the optimizer and the quantiser need it
         raise MissingDependencyError("onnx", extra="onnx", purpose="model.runtime: onnx")
+    if quantize not in (None, "int8"):
+        raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
-        raw, fused = Path(tmp) / "raw.onnx", Path(tmp) / "fused.onnx"
-        _export(model, raw)
-        _fuse(raw, fused, model.config)
-        final = fused
+        final = fused = Path(tmp) / "fused.onnx"
+        export_fused(model, fused)
         if quantize == "int8":
             final = Path(tmp) / "int8.onnx"
-            _int8(fused, final)
-        elif quantize is not None:
-            raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
+            quantize_int8(fused, final)
         # a session must open it before it takes the cache's name
         ort.InferenceSession(str(final), providers=["CPUExecutionProvider"])
         os.replace(final, path)
     return path
+
+
+def export_fused(model: Any, path: Path) -> None:
+    """Export ``model``'s layers (embeddings in, mean-pooled vector out) and fuse them into
+    ``path`` (fp32)."""
+    raw = path.with_name(path.stem + ".raw.onnx")
+    try:
+        _export(model, raw)
+        _fuse(raw, path, model.config)
+    finally:
+        raw.unlink(missing_ok=True)
+
+
+@contextmanager
+def _quiet(logger: str | None) -> Iterator[None]:
+    """Only errors from ``logger`` (None: the root logger) inside the block."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _pooled_module(model: Any) -> Any:
@@ -130,35 +154,27 @@ def _set_attention(model: Any, name: str) -> None:
 
 def _fuse(src: Path, dst: Path, config: Any) -> None:
     """ORT's transformer optimizer: LayerNorm, GELU and (where it matches) attention fused."""
-    import logging
-
     from onnxruntime.transformers.optimizer import optimize_model
 
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
     hidden = int(getattr(config, "hidden_size", 0) or 0)
-    log = logging.getLogger("onnxruntime.transformers")  # fusion statistics at INFO/WARNING
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
+    with _quiet("onnxruntime.transformers"):  # fusion statistics at INFO/WARNING
         optimized = optimize_model(str(src), model_type="bert", num_heads=heads, hidden_size=hidden,
                                    opt_level=1)  # level 1: portable graph (no machine-specific layout)
-    finally:
-        log.setLevel(level)
     optimized.save_model_to_file(str(dst))
 
 
-def _int8(src: Path, dst: Path) -> None:
+def quantize_int8(src: Path, dst: Path, *, attention: bool = False, narrowing: bool = False,
+                  reduce_range: bool = True) -> None:
     """Dynamic int8 quantisation of the weight MatMuls, one scale per output channel.
 
-    As in torch's recipe (``encoder._int8``), the layers that narrow the width (the FFN
-    down-projections) stay float32: their post-GELU inputs have a few large values that one
-    per-batch activation scale represents badly. So do the fused attention's Q, K and V
-    projections (quantising them too, as QAttention, was 98.9% instead of 99.2% on XQuAD-R).
-    ``reduce_range`` (7-bit weights) avoids the saturation of AVX2's u8 x s8 multiply-add; plain
-    per-channel int8 kept 96.4% of the student's X-Y mAP@20 (benchmarks/results/onnx_probe.md).
+    The defaults are vecplug's recipe. As in torch's (``encoder._int8``), the layers that narrow
+    the width (the FFN down-projections; ``narrowing=True`` quantises them too) stay float32:
+    their post-GELU inputs have a few large values that one per-batch activation scale
+    represents badly. So do the fused attention's Q, K and V projections (``attention=True``:
+    QAttention). ``reduce_range`` (7-bit weights) avoids the saturation of AVX2's u8 x s8
+    multiply-add. What each costs in quality: ``benchmarks/onnx_probe.py``.
     """
-    import logging
-
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -171,17 +187,13 @@ def _int8(src: Path, dst: Path) -> None:
         shapes = [weights[i] for i in node.input if i in weights]
         if not shapes:  # activation x activation: attention scores and context
             exclude.append(node.name)
-        elif len(shapes[0]) == 2 and shapes[0][0] > shapes[0][1]:  # (in, out) with in > out
+        elif not narrowing and len(shapes[0]) == 2 and shapes[0][0] > shapes[0][1]:  # (in, out), in > out
             exclude.append(node.name)
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # the quantiser logs every node it skips
-    try:
+    with _quiet(None):  # the quantiser logs every node it skips
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
-                         reduce_range=True, op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    finally:
-        root.setLevel(level)
+                         reduce_range=reduce_range,
+                         op_types_to_quantize=["MatMul", "Attention"] if attention else ["MatMul"],
+                         nodes_to_exclude=exclude, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
 class OnnxLayers:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vecplug.errors import ConfigError
+from vecplug.types import HNSW_DEFAULTS
 
 MODES = ("xy", "mono", "prefer")
 QUANTIZE = ("auto", "none", "int8")
@@ -37,9 +38,9 @@ class IndexSettings:
     url: str | None = None
     collection: str = "vecplug"
     api_key: str | None = None
-    hnsw_m: int = 16
-    hnsw_ef_construction: int = 200
-    hnsw_ef_search: int = 128
+    hnsw_m: int = HNSW_DEFAULTS["M"]
+    hnsw_ef_construction: int = HNSW_DEFAULTS["ef_construction"]
+    hnsw_ef_search: int = HNSW_DEFAULTS["ef_search"]
     #: language-bias correction on by default for searches of this index (recorded in its
     #: manifest when the index is created; ``search.debias`` overrides it per search). On:
     #: it nearly doubles pooled X-Y quality on XQuAD-R and leaves same-language ranking as is

@@ -53,13 +53,12 @@ from vecplug.errors import (
 )
 from vecplug.fsutil import (WriterLock, atomic_write_json, file_sha256, fsync_path, json_checksum,
                             storage_error)
+from vecplug.types import HNSW_DEFAULTS
 
 DB_NAME = "records.sqlite"
 MANIFEST_NAME = "manifest.json"
 STAMP_NAME = ".verified.json"
-# chosen by benchmarks/ann_scale.py (README "Speed"): at 100k clustered 384-d vectors, ef 128
-# finds 98% of the true top 10 (ef 64: 95%) for ~0.4 ms more, next to 15-40 ms of query encoding
-DEFAULTS = {"M": 16, "ef_construction": 200, "ef_search": 128}
+DEFAULTS = HNSW_DEFAULTS
 # a reader that finds the graph file of the generation it just read gone (a writer
 # committed in between) reads the commit record again, this many times
 _OPEN_RETRIES = 5
