@@ -22,7 +22,7 @@ run() {  # name, index, encoder, then VAR=value settings for this run
     env "$@" "$VECPLUG" eval "$data" --index "$idx" --query-encoder "$encoder" --mode xy \
         --debias both --out "$out/$name" --summary-only -q > /dev/null  # the report is in --out
     # the X-Y mAP@20 row: plain, then with the correction
-    echo "| $name | $* | $(grep -m1 '^| mAP@20 ' "$out/$name/report.md" | cut -d'|' -f3,4) |"
+    echo "| $name | $* | $(grep -m1 '^| mAP@20 ' "$out/$name/report.md" | cut -d'|' -f3,4 | tr -s ' ' | sed 's/^ //; s/ $//') |"
 }
 
 {

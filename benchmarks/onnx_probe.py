@@ -6,10 +6,12 @@ recipe was chosen. It needs ``pip install 'vecplug[onnx]'`` and a pooled XQuAD-R
 me5-small documents (``make bench-eval`` builds one; its path is the ``--index`` here) for the
 quality columns.
 
-Each ORT variant is the library's exported, fused graph (``export_fused``), quantised with
+Each ORT variant is the library's exported, fused graph (``export_fused``), smoothed or not
+(``smooth_narrowing``, calibrated on the shipped sentences as the library does), quantised with
 ``quantize_int8`` and its switches (below), and run through vecplug's own ``TextEncoder``
 (``runtime="onnx"`` path). Latency: ``encode`` of one query at a time on one thread
-(tokenisation included), the median question length. Quality: X-Y mAP@20 on all XQuAD-R
+(tokenisation included), every engine in turn on each question, so that the machine's drift
+(runs here vary by 15%) falls on all of them alike. Quality: X-Y mAP@20 on all XQuAD-R
 questions, plain and with the bias correction (documents as stored in the index).
 
     .venv/bin/python benchmarks/onnx_probe.py --index /tmp/idx/eval-xquad --work /tmp/onnx-probe
@@ -17,23 +19,37 @@ questions, plain and with the bias correction (documents as stored in the index)
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import header_markdown, machine_info, markdown_table, percentile  # noqa: E402
-from query_latency import timed  # noqa: E402
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
-#: name -> quantize_int8's switches; the first is vecplug's recipe (its defaults)
+from vecplug.indexer.onnx_runtime import INT8_RECIPES, SMOOTH_ALPHA  # noqa: E402
+
+
+def _switches(recipe: str) -> dict[str, bool]:
+    return {k: v for k, v in INT8_RECIPES[recipe].items() if k != "smooth"}
+
+
+#: name -> (smoothing alpha or None, quantize_int8's switches); the library's two recipes first
 VARIANTS = {
-    "int8 (vecplug's recipe: reduce-range; attention QKV and FFN down fp32)": {},
-    "int8, attention QKV too (QAttention)": {"attention": True},
-    "int8, attention QKV and FFN down too": {"attention": True, "narrowing": True},
-    "int8, every weight, no reduce-range": {"attention": True, "narrowing": True, "reduce_range": False},
+    f"int8-query (vecplug's for queries: every weight, FFN down smoothed, alpha {SMOOTH_ALPHA})":
+        (SMOOTH_ALPHA, _switches("int8-query")),
+    "int8 (vecplug's for documents: FFN down and attention QKV fp32)": (None, _switches("int8")),
+    "int8-query smoothed at alpha 0.5": (0.5, _switches("int8-query")),
+    "int8-query smoothed at alpha 0.9": (0.9, _switches("int8-query")),
+    "int8, every weight, unsmoothed": (None, {}),
+    "int8, every weight, unsmoothed, no reduce-range": (None, {"reduce_range": False}),
+    "int8, FFN down fp32, attention QKV int8": (None, {"narrowing": False}),
 }
 
 
@@ -44,7 +60,15 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/onnx-probe")
     ap.add_argument("--student", default="me5-small-student-k6")
     ap.add_argument("--latency-queries", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=2, help="times each latency question is run per engine")
+    ap.add_argument("--questions", type=int, help="score on the first N questions only (a quick check)")
+    ap.add_argument("--sentences", type=int, help="--documents: the first N sentences only (a quick check)")
+    ap.add_argument("--documents", action="store_true",
+                    help="the document encoder's passages instead: me5-small in each variant encodes the "
+                         "XQuAD-R sentences (throughput on --threads), searched by its fp32 queries")
+    ap.add_argument("--threads", type=int, help="[default: 1 for queries, 2 for documents]")
     args = ap.parse_args()
+    args.threads = args.threads or (2 if args.documents else 1)
 
     import onnxruntime as ort
     import torch
@@ -53,25 +77,31 @@ def main() -> None:
     from vecplug.api import open_index
     from vecplug.indexer.datasets import load_xquad_r
     from vecplug.indexer.encoder import Encoder, _int8
-    from vecplug.indexer.onnx_runtime import OnnxLayers, export_fused, quantize_int8
-    from vecplug.metrics import average_precision_at_k
-
-    torch.set_num_threads(1)
+    from vecplug.indexer.onnx_runtime import (OnnxLayers, activation_peaks, export_fused, quantize_int8,
+                                              smooth_narrowing)
+    torch.set_num_threads(args.threads)
     info = machine_info()  # after the thread setting, which it reports
-    work = Path(args.work) / args.student  # the graphs are rebuilt each run, into this folder
+    # the graphs are rebuilt each run, into this folder
+    work = Path(args.work) / ("me5-small-documents" if args.documents else args.student)
     work.mkdir(parents=True, exist_ok=True)
     enc = Encoder.from_specs("me5-small", args.student, query_quantize=None)
-    student = enc.query  # torch fp32; its ``onnx`` slot takes each variant's session in turn
+    # torch fp32; its ``onnx`` slot takes each variant's session in turn
+    student = enc.document if args.documents else enc.query
     export_fused(student.model, work / "fp32.onnx")
     paths = {"fp32": work / "fp32.onnx"}
-    for i, (name, switches) in enumerate(VARIANTS.items()):
+    peaks = activation_peaks(paths["fp32"], student.calibration_feeds())
+    for i, (name, (alpha, switches)) in enumerate(VARIANTS.items()):
+        source = paths["fp32"]
+        if alpha is not None:
+            source = work / f"smoothed-{alpha}.onnx"
+            smooth_narrowing(paths["fp32"], source, peaks, alpha)
         paths[name] = work / f"int8-{i}.onnx"
-        quantize_int8(paths["fp32"], paths[name], **switches)
+        quantize_int8(source, paths[name], **switches)
 
     data = load_xquad_r(args.xquad)
-    questions = data.questions()
+    questions = data.questions()[:args.questions]
     texts = [q.text for q in questions]
-    sentences = data.sentences()
+    sentences = data.sentences()[:args.sentences]
     with open_index(args.index) as index:
         docs = index.store.vectors([s.doc_id for s in sentences])
         means = LanguageStats.fit(index.store).means()
@@ -85,35 +115,112 @@ def main() -> None:
     def encode(batch: list[str]) -> np.ndarray:
         return student.encode(batch, enc.query_prefix, enc.query_max_length, progress=False)
 
-    def row(name: str) -> tuple[str, float, float, float, float]:
-        """Latency of one query at a time, then X-Y mAP@20, plain and with the bias correction."""
-        times = timed(lambda t: encode([t]), sample)
-        vectors = encode(texts)
-        quality = []
-        for q_vecs, d_vecs in ((vectors, docs), (means.centre(vectors, query_langs), centred_docs)):
-            scores = q_vecs @ d_vecs.T
-            top = np.argpartition(-scores, 20, axis=1)[:, :20]
-            top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
-            quality.append(float(np.mean([average_precision_at_k(list(doc_ids[t]), rel, 20)
-                                          for t, rel in zip(top, relevant)])))
-        return (name, percentile(times, 50) * 1e3, percentile(times, 95) * 1e3, *quality)
+    if args.documents:  # the teacher's own fp32 queries, before any variant takes its slot
+        return documents(args, info, student, encode(texts), sentences, questions, relevant, paths)
 
-    rows = [row("torch fp32")]
-    for name, path in paths.items():
-        student.onnx = OnnxLayers(path, threads=1)
-        rows.append(row(f"ORT {name}"))
-    student.onnx = None
-    student.model = _int8(student.model)
-    rows.append(row("torch int8 (vecplug's recipe)"))
+    # every engine at once: (torch model, ORT layers or None); the ORT rows use the fp32
+    # model's vocabulary table only
+    fp32_model = student.model
+    engines = {"torch fp32": (fp32_model, None),
+               **{f"ORT {name}": (fp32_model, OnnxLayers(path, threads=args.threads))
+                  for name, path in paths.items()},
+               "torch int8 (vecplug's recipe)": (_int8(copy.deepcopy(fp32_model)), None)}  # in place
+    names = list(engines)
+
+    def use(name: str) -> None:
+        student.model, student.onnx = engines[name]
+
+    # latency, interleaved so that the machine's drift is shared: each query runs on every
+    # engine in turn, the order rotated from one query to the next
+    times: dict[str, list[float]] = {name: [] for name in names}
+    warm = sample[:20]
+    for i, text in enumerate(warm + sample * args.rounds):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            use(name)
+            t0 = time.perf_counter()
+            encode([text])
+            if i >= len(warm):
+                times[name].append(time.perf_counter() - t0)
+
+    rows = []
+    for name in names:
+        use(name)
+        rows.append((name, percentile(times[name], 50) * 1e3, percentile(times[name], 95) * 1e3,
+                     *x_y_map(encode(texts), docs, means, centred_docs, query_langs, doc_ids, relevant)))
     tokens = int(np.median([len(x) for x in student.tokenize(sample, enc.query_prefix, enc.query_max_length)]))
 
     print(header_markdown(f"{args.student} query encoding: torch vs ONNX Runtime", info))
-    print(f"\nOne query at a time on one thread ({len(sample)} questions, median "
-          f"{tokens} tokens); onnxruntime {ort.__version__}. "
+    print(f"\nOne query at a time on one thread ({len(sample)} questions x {args.rounds} rounds, median "
+          f"{tokens} tokens; the engines interleaved, query by query); onnxruntime {ort.__version__}. "
           f"X-Y mAP@20 over all {len(questions):,} questions.\n")
     print(markdown_table(["encoder", "p50 ms", "p95 ms", "X-Y mAP@20", "with the correction"],
                          [(name, f"{p50:.1f}", f"{p95:.1f}", f"{plain:.3f}", f"{centred:.3f}")
                           for name, p50, p95, plain, centred in rows]))
+
+
+def x_y_map(queries: np.ndarray, docs: np.ndarray, means: Any, centred_docs: np.ndarray,
+            query_langs: Sequence[str], doc_ids: np.ndarray, relevant: Sequence[set[str]]) -> list[float]:
+    """X-Y mAP@20 over the pooled documents, plain and with the language-bias correction."""
+    from vecplug.metrics import average_precision_at_k
+
+    out = []
+    for q_vecs, d_vecs in ((queries, docs), (means.centre(queries, query_langs), centred_docs)):
+        scores = q_vecs @ d_vecs.T
+        top = np.argpartition(-scores, 20, axis=1)[:, :20]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+        out.append(float(np.mean([average_precision_at_k(list(doc_ids[t]), rel, 20)
+                                  for t, rel in zip(top, relevant)])))
+    return out
+
+
+def documents(args: argparse.Namespace, info: dict[str, Any], teacher: Any, queries: np.ndarray,
+              sentences: Sequence[Any], questions: Sequence[Any], relevant: Sequence[set[str]],
+              paths: dict[str, Path]) -> None:
+    """Each variant encodes every XQuAD-R sentence (the pooled documents), in chunks with the
+    variants interleaved chunk by chunk; X-Y quality with the teacher's fp32 queries, the
+    correction's language means taken from each variant's own document vectors."""
+    import onnxruntime as ort
+
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.indexer.encoder import DEFAULT_DOCUMENT_MAX_LENGTH, _int8
+    from vecplug.indexer.onnx_runtime import OnnxLayers
+
+    prefix = teacher.info.document_prefix
+    fp32_model = teacher.model
+    engines = {"torch fp32": (fp32_model, None),
+               **{f"ORT {name}": (fp32_model, OnnxLayers(path, threads=args.threads))
+                  for name, path in paths.items()},
+               "torch int8 (vecplug's query recipe)": (_int8(copy.deepcopy(fp32_model)), None)}
+    names = list(engines)
+    texts, langs = [s.text for s in sentences], [s.lang for s in sentences]
+    chunks = np.array_split(np.arange(len(texts)), 8)
+    vectors = {name: np.zeros((len(texts), teacher.out_dim), np.float32) for name in names}
+    seconds = dict.fromkeys(names, 0.0)
+    for i, chunk in enumerate(chunks):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            teacher.model, teacher.onnx = engines[name]
+            t0 = time.perf_counter()
+            vectors[name][chunk] = teacher.encode([texts[j] for j in chunk], prefix,
+                                                  DEFAULT_DOCUMENT_MAX_LENGTH, progress=False)
+            seconds[name] += time.perf_counter() - t0
+    doc_ids = np.array([s.doc_id for s in sentences])
+    query_langs = [q.lang for q in questions]
+    rows = []
+    for name in names:
+        stats = LanguageStats(vectors[name].shape[1])
+        stats.add(langs, vectors[name])
+        means = stats.means()
+        plain, centred = x_y_map(queries, vectors[name], means, means.centre(vectors[name], langs),
+                                 query_langs, doc_ids, relevant)
+        rows.append((name, len(texts) / seconds[name], seconds["torch fp32"] / seconds[name], plain, centred))
+    print(header_markdown("me5-small document encoding: torch vs ONNX Runtime", info))
+    print(f"\n{len(texts):,} XQuAD-R sentences (the pooled documents) on {args.threads} thread(s), in "
+          f"{len(chunks)} chunks with the engines interleaved chunk by chunk; onnxruntime {ort.__version__}. "
+          f"X-Y mAP@20 of the teacher's fp32 queries ({len(questions):,} questions) over each engine's "
+          "documents; the correction uses each engine's own language means.\n")
+    print(markdown_table(["encoder", "docs/s", "vs torch fp32", "X-Y mAP@20", "with the correction"],
+                         [(name, f"{rate:.1f}", f"{ratio:.2f}x", f"{plain:.3f}", f"{centred:.3f}")
+                          for name, rate, ratio, plain, centred in rows]))
 
 
 if __name__ == "__main__":

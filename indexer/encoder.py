@@ -6,8 +6,11 @@ document encoder and is where a distilled student goes.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,14 +33,58 @@ class EncodeStats:
     tokens: int
 
 
+class SharedTokenizer:
+    """A tokenizer loaded once per process for every encoder that reads its folder, with a lock.
+
+    A multilingual tokenizer is big (me5-small's 250k-piece one holds ~280 MiB in memory, about
+    as much as the vocabulary table), and a student uses its teacher's: loading it once saves
+    that much wherever both encode. The lock: a fast tokenizer keeps its truncation length as
+    state of the Rust object, set by each call, so two calls with different limits (a query's
+    64 tokens, a document's 256, the chunker's none) must not interleave across threads.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return self.tokenizer(*args, **kwargs)
+
+
+_TOKENIZERS: "weakref.WeakValueDictionary[tuple[str, str], SharedTokenizer]" = weakref.WeakValueDictionary()
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def shared_tokenizer(folder: Path, checksum: str) -> SharedTokenizer:
+    """The process's tokenizer of ``folder`` (the model there has weights ``checksum``: a
+    folder rebuilt with other weights gets its tokenizer loaded anew); kept while in use."""
+    key = (str(folder.resolve()), checksum)
+    with _TOKENIZERS_LOCK:
+        held = _TOKENIZERS.get(key)
+        if held is None:
+            from transformers import AutoTokenizer
+
+            with quiet_transformers():
+                held = SharedTokenizer(AutoTokenizer.from_pretrained(key[0], trust_remote_code=False))
+            _TOKENIZERS[key] = held
+        return held
+
+
 class TextEncoder:
-    """One transformer with its tokenizer; ``encode`` returns unit vectors (float32)."""
+    """One transformer with its tokenizer; ``encode`` returns unit vectors (float32).
+
+    ``quantize``: None or ``int8``; ``runtime``: ``torch`` or ``onnx``. ``int8_recipe``: which
+    of ``onnx_runtime.INT8_RECIPES`` int8 means under ONNX Runtime (``int8-query`` only for an
+    encoder of queries where that recipe was measured: a student).
+    """
 
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  threads: int | None = None, shared_embeddings: Any = None,
-                 post: Any = None, quantize: str | None = None, runtime: str = "torch") -> None:
+                 post: Any = None, quantize: str | None = None, runtime: str = "torch",
+                 int8_recipe: str = "int8") -> None:
         import torch
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel
 
         self.info = info
         self.batch_tokens = batch_tokens
@@ -45,8 +92,11 @@ class TextEncoder:
         self.post = post
         if threads:
             torch.set_num_threads(threads)
+        owner = info.teacher if info.teacher is not None else info  # students use their teacher's
+        self._shared = shared_tokenizer(info.tokenizer_path, owner.checksum)
+        #: the Hugging Face tokenizer (shared: call it through :meth:`tokenize` or :meth:`offsets`)
+        self.tokenizer = self._shared.tokenizer
         with quiet_transformers():  # "pooler weights missing" is expected
-            self.tokenizer = AutoTokenizer.from_pretrained(str(info.tokenizer_path), trust_remote_code=False)
             if info.teacher is not None:
                 from vecplug.indexer.student import load_student
 
@@ -59,6 +109,8 @@ class TextEncoder:
                 except TypeError:  # architectures without a pooler do not take the flag
                     self.model = AutoModel.from_pretrained(str(info.path), trust_remote_code=False)
         self.model.eval()
+        self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.quantize, self.runtime = quantize, runtime
         #: the layers in ONNX Runtime (runtime "onnx"); the torch model then only looks up the
         #: token embeddings, from the vocabulary table it may share with a teacher or student
@@ -71,7 +123,9 @@ class TextEncoder:
             from vecplug.indexer.models import vecplug_home
             from vecplug.indexer.onnx_runtime import load_layers
 
-            self.onnx = load_layers(self.model, info.checksum, quantize, vecplug_home() / "onnx", threads)
+            graph = int8_recipe if quantize == "int8" else quantize
+            self.onnx = load_layers(self.model, info.checksum, graph, vecplug_home() / "onnx", threads,
+                                    calibration=self.calibration_feeds)
             _drop_layers(self.model)
         elif runtime != "torch":
             from vecplug.errors import ConfigError
@@ -81,16 +135,17 @@ class TextEncoder:
             self.model = _int8(self.model)
         self.dim = int(self.model.config.hidden_size)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
-        self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.tokens_seen = 0
 
     def tokenize(self, texts: Sequence[str], prefix: str, max_length: int) -> list[list[int]]:
         limit = min(max_length, self.model_max_length)
-        enc = self.tokenizer([prefix + t for t in texts], truncation=True, max_length=limit,
-                             padding=False, return_attention_mask=False,
-                             return_token_type_ids=False)
+        enc = self._shared([prefix + t for t in texts], truncation=True, max_length=limit,
+                           padding=False, return_attention_mask=False, return_token_type_ids=False)
         return enc["input_ids"]
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of ``text``'s tokens (no special tokens, no truncation): the chunker's."""
+        return self._shared(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
 
     def encode(self, texts: Sequence[str], prefix: str = "", max_length: int = 512,
                progress: bool | None = None, desc: str = "encoding") -> np.ndarray:
@@ -101,23 +156,10 @@ class TextEncoder:
         out = np.zeros((len(texts), self.out_dim), dtype=np.float32)
         if not texts:
             return out
-        ids = self.tokenize(texts, prefix, max_length)
-        # Sort by length so each batch pads little; cap batches by padded tokens.
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
         show = progress if progress is not None else len(texts) >= 512
         bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not show, leave=False)
-        start = 0
         with torch.inference_mode():
-            while start < len(order):
-                longest = len(ids[order[start]])
-                size = max(1, min(MAX_BATCH_SIZE, self.batch_tokens // max(longest, 1)))
-                batch = order[start:start + size]
-                input_ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(batch), longest), dtype=torch.long)
-                for row, i in enumerate(batch):
-                    seq = ids[i]
-                    input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-                    mask[row, :len(seq)] = 1
+            for batch, input_ids, mask in self._batches(self.tokenize(texts, prefix, max_length)):
                 pooled = self._pooled(input_ids, mask)
                 if self.post is not None:
                     pooled = self.post(pooled)
@@ -125,9 +167,43 @@ class TextEncoder:
                 out[batch] = pooled.float().numpy()
                 self.tokens_seen += int(mask.sum())
                 bar.update(len(batch))
-                start += size
         bar.close()
         return out
+
+    def _batches(self, ids: list[list[int]]) -> Iterator[tuple[list[int], Any, Any]]:
+        """(positions in ``ids``, padded input ids, mask) batches: sorted by length so each
+        batch pads little, capped by padded tokens."""
+        import torch
+
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
+        start = 0
+        while start < len(order):
+            longest = len(ids[order[start]])
+            size = max(1, min(MAX_BATCH_SIZE, self.batch_tokens // max(longest, 1)))
+            batch = order[start:start + size]
+            input_ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), longest), dtype=torch.long)
+            for row, i in enumerate(batch):
+                seq = ids[i]
+                input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+                mask[row, :len(seq)] = 1
+            yield batch, input_ids, mask
+            start += size
+
+    def calibration_feeds(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The ONNX graph's inputs (token embeddings, mask) for the shipped calibration texts,
+        with the model's query prefix and with its document prefix: what the smoothed int8
+        recipe measures activation ranges on."""
+        import torch
+
+        from vecplug.indexer.onnx_runtime import calibration_texts
+
+        texts = calibration_texts()
+        table = self.model.get_input_embeddings()
+        for prefix in dict.fromkeys((self.info.query_prefix, self.info.document_prefix)):
+            with torch.inference_mode():
+                for _, input_ids, mask in self._batches(self.tokenize(texts, prefix, DEFAULT_DOCUMENT_MAX_LENGTH)):
+                    yield table(input_ids).numpy(), mask.numpy()
 
     def _pooled(self, input_ids: Any, mask: Any) -> Any:
         """Mean of the last hidden states over the real tokens."""
@@ -273,6 +349,8 @@ class Encoder:
             if self._same_model():
                 self._query = self.document
             elif self.query_info is self.document_info:  # the document encoder, quantised otherwise
+                # int8 under ONNX Runtime: the documents' recipe (the queries' one was measured
+                # on a student, not on a document encoder's own queries)
                 self._query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                           quantize=self.query_quantize, runtime=self.runtime)
             else:
@@ -284,7 +362,8 @@ class Encoder:
                     shared = self._document.model.get_input_embeddings().weight.detach()
                 self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
                                           post=_head_map(self.projection) if self.projection else None,
-                                          quantize=self.query_quantize, runtime=self.runtime)
+                                          quantize=self.query_quantize, runtime=self.runtime,
+                                          int8_recipe="int8-query")
         return self._query
 
     def _same_model(self) -> bool:

@@ -18,7 +18,7 @@ import importlib.util
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,26 @@ import numpy as np
 from vecplug.errors import ConfigError, MissingDependencyError, ModelError
 
 #: Bump when the export, the fusion or the quantisation below changes: cached graphs of an
-#: older recipe are then rebuilt instead of reused.
-RECIPE = 1
+#: older recipe are then rebuilt instead of reused. 3: ``int8-query`` for students' queries.
+RECIPE = 3
 OPSET = 17
+#: The int8 recipes, by the graph's quantisation name: whether the FFN down-projections are
+#: smoothed first (:func:`smooth_narrowing`), then :func:`quantize_int8`'s switches. Quality on
+#: XQuAD-R, X-Y mAP@20 against float32: benchmarks/onnx_probe.py and benchmarks/eval_onnx.sh.
+INT8_RECIPES: dict[str, dict[str, bool]] = {
+    # an encoder that encodes documents: the FFN down-projections and the attention's Q, K, V
+    # stay float32. me5-small's passages keep 99.1% this way (eval_onnx.sh); every weight in
+    # int8 is measured on them by ``onnx_probe.py --documents``
+    "int8": {"smooth": False, "attention": False, "narrowing": False},
+    # a student's queries (``TextEncoder(int8_recipe="int8-query")``): every weight, the
+    # down-projections smoothed; the shipped student keeps 100% plain, 99.8% corrected
+    "int8-query": {"smooth": True, "attention": True, "narrowing": True},
+}
+#: SmoothQuant's migration strength for the FFN down-projections (chosen on XQuAD-R with
+#: benchmarks/onnx_probe.py: the share of an input channel's range moved into the weights)
+SMOOTH_ALPHA = 0.75
+#: (embeddings, mask) batches, the graph's inputs: what the int8 recipe calibrates on
+Feeds = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 
 
 def require_onnxruntime() -> Any:
@@ -51,21 +68,36 @@ def cache_path(cache: Path, checksum: str, quantize: str | None) -> Path:
     return cache / f"{checksum[:12]}-{quantize or 'fp32'}-{digest}.onnx"
 
 
-def build_graph(model: Any, path: Path, quantize: str | None) -> Path:
+def calibration_texts() -> list[str]:
+    """The shipped calibration sentences (``calibration.txt``: Tatoeba, 112 languages)."""
+    lines = Path(__file__).with_name("calibration.txt").read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds | None = None) -> Path:
     """Export ``model`` (a Hugging Face encoder, eval mode), fuse it and optionally quantise it
-    into ``path``, atomically: the file appears complete or not at all."""
+    into ``path``, atomically: the file appears complete or not at all. ``quantize``: None or
+    a name of :data:`INT8_RECIPES`; a smoothed recipe needs ``calibration``, the graph's inputs
+    for some texts (see :func:`smooth_narrowing`)."""
     ort = require_onnxruntime()
     if importlib.util.find_spec("onnx") is None:  # the exporter, the optimizer and the quantiser need it
         raise MissingDependencyError("onnx", extra="onnx", purpose="model.runtime: onnx")
-    if quantize not in (None, "int8"):
+    if quantize is not None and quantize not in INT8_RECIPES:
         raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
+    recipe = INT8_RECIPES.get(quantize or "")
+    if recipe and recipe["smooth"] and calibration is None:
+        raise ValueError(f"{quantize} needs calibration inputs")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
         final = fused = Path(tmp) / "fused.onnx"
         export_fused(model, fused)
-        if quantize == "int8":
-            final = Path(tmp) / "int8.onnx"
-            quantize_int8(fused, final)
+        if recipe:
+            source, final = fused, Path(tmp) / "int8.onnx"
+            if recipe["smooth"]:
+                assert calibration is not None
+                source = Path(tmp) / "smoothed.onnx"
+                smooth_narrowing(fused, source, activation_peaks(fused, calibration()))
+            quantize_int8(source, final, attention=recipe["attention"], narrowing=recipe["narrowing"])
         # a session must open it before it takes the cache's name
         ort.InferenceSession(str(final), providers=["CPUExecutionProvider"])
         os.replace(final, path)
@@ -164,31 +196,91 @@ def _fuse(src: Path, dst: Path, config: Any) -> None:
     optimized.save_model_to_file(str(dst))
 
 
-def quantize_int8(src: Path, dst: Path, *, attention: bool = False, narrowing: bool = False,
-                  reduce_range: bool = True) -> None:
-    """Dynamic int8 quantisation of the weight MatMuls, one scale per output channel.
+def _narrowing(graph: Any) -> list[Any]:
+    """The weight MatMuls whose (in, out) weight narrows the width: the FFN down-projections."""
+    dims = {i.name: tuple(i.dims) for i in graph.initializer}
+    return [n for n in graph.node if n.op_type == "MatMul" and len(dims.get(n.input[1], ())) == 2
+            and dims[n.input[1]][0] > dims[n.input[1]][1]]
 
-    The defaults are vecplug's recipe. As in torch's (``encoder._int8``), the layers that narrow
-    the width (the FFN down-projections; ``narrowing=True`` quantises them too) stay float32:
-    their post-GELU inputs have a few large values that one per-batch activation scale
-    represents badly. So do the fused attention's Q, K and V projections (``attention=True``:
-    QAttention). ``reduce_range`` (7-bit weights) avoids the saturation of AVX2's u8 x s8
-    multiply-add. What each costs in quality: ``benchmarks/onnx_probe.py``.
+
+def activation_peaks(path: Path, feeds: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """Per input channel, the largest |value| reaching each narrowing MatMul of the graph at
+    ``path`` over ``feeds`` (real tokens only, not padding): what :func:`smooth_narrowing` needs."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    names = [n.input[0] for n in _narrowing(model.graph)]
+    for name in names:  # expose the MatMuls' inputs as outputs of the graph
+        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    peaks: list[np.ndarray] = []
+    for embeds, mask in feeds:
+        real = mask.astype(bool)
+        outs = session.run(names, {"inputs_embeds": embeds, "attention_mask": mask})
+        batch = [np.abs(out[real]).max(axis=0) for out in outs]
+        peaks = batch if not peaks else [np.maximum(a, b) for a, b in zip(peaks, batch)]
+    if not peaks:
+        raise ValueError("no calibration inputs")
+    return peaks
+
+
+def smooth_narrowing(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float = SMOOTH_ALPHA) -> None:
+    """SmoothQuant (Xiao et al. 2023) for the FFN down-projections: the same function, easier
+    to quantise.
+
+    Their inputs, after the GELU, have a few channels with values far larger than the rest, and
+    dynamic int8 quantises a whole activation tensor with one scale, which rounds the other
+    channels away. Each input channel j is divided by s_j = peak_j^alpha / max|W_j|^(1-alpha)
+    (a Mul node before the MatMul) and the weight's row j multiplied by it: the product is
+    unchanged in float, and the activations' range is moved partly into the weights, which are
+    quantised per output channel. ``peaks``: :func:`activation_peaks` of ``src``.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    weights = {i.name: i for i in graph.initializer}
+    targets = _narrowing(graph)
+    if len(targets) != len(peaks):
+        raise ValueError(f"{len(peaks)} calibration peaks for {len(targets)} layers")
+    for node, peak in zip(targets, peaks):
+        w = numpy_helper.to_array(weights[node.input[1]]).astype(np.float32)
+        s = (np.maximum(peak, 1e-5) ** alpha / np.maximum(np.abs(w).max(axis=1), 1e-5) ** (1 - alpha))
+        weights[node.input[1]].CopyFrom(numpy_helper.from_array(w * s[:, None].astype(np.float32),
+                                                                node.input[1]))
+        inverse, smoothed = f"{node.name}.smooth_inverse", f"{node.input[0]}.smoothed"
+        graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inverse))
+        graph.node.insert(list(graph.node).index(node),
+                          onnx.helper.make_node("Mul", [node.input[0], inverse], [smoothed],
+                                                name=f"{node.name}.smooth"))
+        node.input[0] = smoothed
+    onnx.save(model, str(dst))
+
+
+def quantize_int8(src: Path, dst: Path, *, attention: bool = True, narrowing: bool = True,
+                  reduce_range: bool = True) -> None:
+    """Dynamic int8 quantisation of the weight MatMuls and the fused attention, one scale per
+    output channel (the activations: one scale per tensor, computed on each run).
+
+    ``narrowing=False`` keeps the FFN down-projections float32: unless smoothed first
+    (:func:`smooth_narrowing`), their post-GELU inputs have a few large values that one
+    activation scale represents badly (torch's ``encoder._int8`` keeps them float32 too).
+    ``attention=False`` keeps the fused attention's Q, K and V projection float32 (else it runs
+    as QAttention). ``reduce_range`` (7-bit weights) avoids the saturation of AVX2's u8 x s8
+    multiply-add. :data:`INT8_RECIPES` are vecplug's settings; what each costs in quality and
+    time: ``benchmarks/onnx_probe.py``.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(src)).graph
-    weights = {i.name: tuple(i.dims) for i in graph.initializer}
-    exclude = []
-    for node in graph.node:
-        if node.op_type != "MatMul":
-            continue
-        shapes = [weights[i] for i in node.input if i in weights]
-        if not shapes:  # activation x activation: attention scores and context
-            exclude.append(node.name)
-        elif not narrowing and len(shapes[0]) == 2 and shapes[0][0] > shapes[0][1]:  # (in, out), in > out
-            exclude.append(node.name)
+    weights = {i.name for i in graph.initializer}
+    # activation x activation (attention scores and context, when not fused) stay float32
+    exclude = [n.name for n in graph.node if n.op_type == "MatMul" and not weights.intersection(n.input)]
+    if not narrowing:
+        exclude += [n.name for n in _narrowing(graph)]
     with _quiet(None):  # the quantiser logs every node it skips
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
                          reduce_range=reduce_range,
@@ -214,9 +306,10 @@ class OnnxLayers:
 
 
 def load_layers(model: Any, checksum: str, quantize: str | None, cache: Path,
-                threads: int | None = None) -> OnnxLayers:
-    """The model's layers as an ORT session, exported (and quantised) on first use."""
+                threads: int | None = None, calibration: Feeds | None = None) -> OnnxLayers:
+    """The model's layers as an ORT session, exported (and quantised, calibrated on
+    ``calibration``'s inputs) on first use."""
     path = cache_path(cache, checksum, quantize)
     if not path.is_file():
-        build_graph(model, path, quantize)
+        build_graph(model, path, quantize, calibration)
     return OnnxLayers(path, threads)

@@ -175,11 +175,15 @@ def load_student(folder: Path, teacher_path: Path, teacher_checksum: str,
         model = AutoModel.from_config(config, add_pooling_layer=False)
     except TypeError:
         model = AutoModel.from_config(config)
+    expected = tuple(model.get_input_embeddings().weight.shape)
+    # the config built a randomly initialised table as big as the teacher's (366 MiB for
+    # me5-small): free it before the teacher's is read, so the two are never both in memory
+    model.get_input_embeddings().weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
     state = load_file(str(folder / STUDENT_WEIGHTS))
     table = embeddings if embeddings is not None else load_teacher_embeddings(teacher_path)
-    if tuple(table.shape) != tuple(model.get_input_embeddings().weight.shape):
+    if tuple(table.shape) != expected:
         raise ModelMismatchError(f"the teacher's vocabulary table has shape {tuple(table.shape)}, "
-                                 f"student {folder} expects {tuple(model.get_input_embeddings().weight.shape)}")
+                                 f"student {folder} expects {expected}")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [m for m in missing if m != SHARED_KEY and not m.startswith("pooler.")] or unexpected:
         raise ModelError(f"{folder}: weights do not fit the config (missing {missing}, unexpected {unexpected})")

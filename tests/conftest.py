@@ -83,6 +83,21 @@ def other_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-bert-other", seed=1)
 
 
+@pytest.fixture
+def tiny_student(tiny_model: Path, tmp_path: Path) -> Path:
+    """A 1-layer student of the tiny model (untrained: the tests compare runtimes)."""
+    from vecplug.indexer.encoder import Encoder
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.student import make_student, save_student
+
+    teacher = Encoder.from_specs(str(tiny_model))
+    folder = tmp_path / "student"
+    save_student(make_student(teacher.document.model, [1]), folder,
+                 {"kind": "vecplug query student", "teacher": str(tiny_model),
+                  "teacher_checksum": resolve_model(str(tiny_model)).checksum, "layers": [1]})
+    return folder
+
+
 # -- a deterministic fake encoder for pipeline and store tests -----------------------
 
 class FakeEncoder:

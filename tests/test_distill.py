@@ -76,6 +76,7 @@ def test_distill_learns_and_writes_a_small_artifact(tiny_model: Path, texts_file
     assert float((teacher_q * student_q).sum(1).mean()) > 0.9
     assert enc.query.model.get_input_embeddings().weight.data_ptr() == \
         enc.document.model.get_input_embeddings().weight.data_ptr()  # one table in memory
+    assert enc.query.tokenizer is enc.document.tokenizer  # and one tokenizer
 
 
 def test_resume_equals_one_run(tiny_model: Path, texts_file: Path, tmp_path: Path) -> None:

@@ -83,8 +83,30 @@ def test_int8_query_encoder(tiny_model: Path) -> None:
     assert not np.allclose(a, b, atol=1e-6)  # it really runs other weights
     assert (a * b).sum(1).min() > 0.95  # and stays close to the fp32 vectors
     assert int8.describe()["query_quantize"] == "int8"
+    assert int8.query.tokenizer is int8.document.tokenizer  # one tokenizer per folder and process
     with pytest.raises(Exception, match="unknown quantisation"):
         TextEncoder(resolve_model(str(tiny_model)), quantize="int4")
+
+
+def test_a_shared_tokenizer_keeps_each_callers_limit_across_threads(tiny_model: Path) -> None:
+    """Query (short limit) and document (long limit) tokenisation at once from two threads on
+    the one shared tokenizer: each gets its own truncation, and the chunker's offsets none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    enc = Encoder.from_specs(str(tiny_model), query_quantize="int8")
+    long_text = " ".join(TEXTS * 20)
+    full = len(enc.document.offsets(long_text))
+    assert full > 100
+
+    def run(kind: str) -> set[int]:
+        if kind == "offsets":
+            return {len(enc.document.offsets(long_text)) for _ in range(200)}
+        side, limit = (enc.query, 8) if kind == "query" else (enc.document, 64)
+        return {len(ids) for _ in range(200) for ids in side.tokenize([long_text] * 4, "", limit)}
+
+    with ThreadPoolExecutor(3) as pool:
+        query, document, offsets = pool.map(run, ["query", "document", "offsets"])
+    assert (query, document, offsets) == ({8}, {64}, {full})
 
 
 def test_auto_quantisation_follows_the_model(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -194,12 +194,7 @@ class Index:
         if not root.exists():
             raise VecplugError(f"{root} does not exist")
         c = self.settings.corpus
-        tokenizer = self.encoder.document.tokenizer
-
-        def offsets(text: str) -> list[tuple[int, int]]:
-            return tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-
-        reader = CorpusReader(root, offsets, CorpusOptions(
+        reader = CorpusReader(root, self.encoder.document.offsets, CorpusOptions(
             chunk_tokens=c.chunk_tokens, chunk_overlap=c.chunk_overlap, embed_fields=c.embed_fields,
             max_file_bytes=c.max_file_mb * 1024 * 1024))
         source_root = str(root.resolve())
