@@ -176,10 +176,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--target-recall", type=float, default=0.99)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    from vecplug.adapters.stores.hnsw import DEFAULTS  # light: no hnswlib import
-    args.M = args.M or int(DEFAULTS["M"])
-    args.ef_construction = args.ef_construction or int(DEFAULTS["ef_construction"])
-    args.default_ef = int(DEFAULTS["ef_search"])
+    from vecplug.types import HNSW_DEFAULTS
+    args.M = args.M or int(HNSW_DEFAULTS["M"])
+    args.ef_construction = args.ef_construction or int(HNSW_DEFAULTS["ef_construction"])
+    args.default_ef = int(HNSW_DEFAULTS["ef_search"])
     if args.default_ef not in args.ef:
         args.ef = sorted({*args.ef, args.default_ef})
     return args

@@ -76,9 +76,9 @@ def main() -> None:
     from vecplug.adapters.bias import LanguageStats
     from vecplug.api import open_index
     from vecplug.indexer.datasets import load_xquad_r
-    from vecplug.indexer.encoder import Encoder, _int8
-    from vecplug.indexer.onnx_runtime import (OnnxLayers, activation_peaks, export_fused, quantize_int8,
-                                              smooth_narrowing)
+    from vecplug.indexer.encoder import Encoder
+    from vecplug.indexer.onnx_runtime import activation_peaks, export_fused, quantize_int8, smooth_narrowing
+
     torch.set_num_threads(args.threads)
     info = machine_info()  # after the thread setting, which it reports
     # the graphs are rebuilt each run, into this folder
@@ -120,11 +120,7 @@ def main() -> None:
 
     # every engine at once: (torch model, ORT layers or None); the ORT rows use the fp32
     # model's vocabulary table only
-    fp32_model = student.model
-    engines = {"torch fp32": (fp32_model, None),
-               **{f"ORT {name}": (fp32_model, OnnxLayers(path, threads=args.threads))
-                  for name, path in paths.items()},
-               "torch int8 (vecplug's recipe)": (_int8(copy.deepcopy(fp32_model)), None)}  # in place
+    engines = all_engines(student.model, paths, args.threads)
     names = list(engines)
 
     def use(name: str) -> None:
@@ -158,6 +154,17 @@ def main() -> None:
                           for name, p50, p95, plain, centred in rows]))
 
 
+def all_engines(fp32_model: Any, paths: dict[str, Path], threads: int) -> dict[str, tuple[Any, Any]]:
+    """name -> (torch model, ORT layers or None): torch fp32, each graph in ``paths`` (which use
+    the fp32 model's vocabulary table only) and torch int8 (vecplug's query recipe)."""
+    from vecplug.indexer.encoder import _int8
+    from vecplug.indexer.onnx_runtime import OnnxLayers
+
+    return {"torch fp32": (fp32_model, None),
+            **{f"ORT {name}": (fp32_model, OnnxLayers(path, threads=threads)) for name, path in paths.items()},
+            "torch int8 (vecplug's query recipe)": (_int8(copy.deepcopy(fp32_model)), None)}  # in place
+
+
 def x_y_map(queries: np.ndarray, docs: np.ndarray, means: Any, centred_docs: np.ndarray,
             query_langs: Sequence[str], doc_ids: np.ndarray, relevant: Sequence[set[str]]) -> list[float]:
     """X-Y mAP@20 over the pooled documents, plain and with the language-bias correction."""
@@ -182,15 +189,10 @@ def documents(args: argparse.Namespace, info: dict[str, Any], teacher: Any, quer
     import onnxruntime as ort
 
     from vecplug.adapters.bias import LanguageStats
-    from vecplug.indexer.encoder import DEFAULT_DOCUMENT_MAX_LENGTH, _int8
-    from vecplug.indexer.onnx_runtime import OnnxLayers
+    from vecplug.indexer.encoder import DEFAULT_DOCUMENT_MAX_LENGTH
 
     prefix = teacher.info.document_prefix
-    fp32_model = teacher.model
-    engines = {"torch fp32": (fp32_model, None),
-               **{f"ORT {name}": (fp32_model, OnnxLayers(path, threads=args.threads))
-                  for name, path in paths.items()},
-               "torch int8 (vecplug's query recipe)": (_int8(copy.deepcopy(fp32_model)), None)}
+    engines = all_engines(teacher.model, paths, args.threads)
     names = list(engines)
     texts, langs = [s.text for s in sentences], [s.lang for s in sentences]
     chunks = np.array_split(np.arange(len(texts)), 8)

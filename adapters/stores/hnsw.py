@@ -58,7 +58,6 @@ from vecplug.types import HNSW_DEFAULTS
 DB_NAME = "records.sqlite"
 MANIFEST_NAME = "manifest.json"
 STAMP_NAME = ".verified.json"
-DEFAULTS = HNSW_DEFAULTS
 # a reader that finds the graph file of the generation it just read gone (a writer
 # committed in between) reads the commit record again, this many times
 _OPEN_RETRIES = 5
@@ -137,7 +136,7 @@ class HnswStore(VectorStore):
         self._index = index
         self._writable = writable
         self._lock = lock
-        self._options = {**DEFAULTS, **commit_meta["manifest"].get("store", {}), **options}
+        self._options = {**HNSW_DEFAULTS, **commit_meta["manifest"].get("store", {}), **options}
         self._next_label = int(commit_meta["next_label"])
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
@@ -163,7 +162,7 @@ class HnswStore(VectorStore):
         lock = WriterLock(folder)
         lock.acquire()
         try:
-            opts = {**DEFAULTS, **options}
+            opts = {**HNSW_DEFAULTS, **options}
             manifest = {**manifest, "dim": dim,
                         "store": {"name": cls.name, "space": "cosine", **opts}}
             tmp_db = folder / f".{DB_NAME}.{os.getpid()}.tmp"
