@@ -33,3 +33,16 @@ def run_main(parse_args: Callable[[Sequence[str] | None], Any], run: Callable[[A
     print(render(results))
     save_json(args.json, results)
     return 0
+
+
+def exact_map_at_k(scores: Any, doc_ids: Sequence[str], relevant: Sequence[set[str]], k: int = 20) -> float:
+    """mAP@k of exact search: ``scores`` (queries x documents) ranked per row, the top ``k``
+    documents' ids (``doc_ids``, by column) scored against each query's ``relevant`` ids."""
+    import numpy as np
+
+    from vecplug.metrics import average_precision_at_k
+
+    ids = np.asarray(doc_ids)
+    top = np.argpartition(-scores, k, axis=1)[:, :k] if scores.shape[1] > k else np.argsort(-scores, axis=1)
+    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+    return float(np.mean([average_precision_at_k(list(ids[t]), rel, k) for t, rel in zip(top, relevant)]))

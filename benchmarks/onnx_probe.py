@@ -9,7 +9,8 @@ quality columns.
 Each ORT variant is the library's exported, fused graph (``export_fused``), smoothed or not
 (``smooth_narrowing``, calibrated on the shipped sentences as the library does), quantised with
 ``quantize_int8`` and its switches (below), and run through vecplug's own ``TextEncoder``
-(``runtime="onnx"`` path). Latency: ``encode`` of one query at a time on one thread
+(``runtime="onnx"`` path). Two more rows fuse what the library leaves apart (the residual
+additions into their layer norms, ``onnx_runtime.UNFUSED``): in fp32 and in the role's recipe. Latency: ``encode`` of one query at a time on one thread
 (tokenisation included), every engine in turn on each question, so that the machine's drift
 (runs here vary by 15%) falls on all of them alike. Quality: X-Y mAP@20 on all XQuAD-R
 questions, plain and with the bias correction (documents as stored in the index).
@@ -30,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import header_markdown, machine_info, markdown_table, percentile  # noqa: E402
+from bench_common import exact_map_at_k, header_markdown, machine_info, markdown_table, percentile  # noqa: E402
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
 from vecplug.indexer.onnx_runtime import INT8_RECIPES, SMOOTH_ALPHA  # noqa: E402
@@ -97,6 +98,17 @@ def main() -> None:
             smooth_narrowing(paths["fp32"], source, peaks, alpha)
         paths[name] = work / f"int8-{i}.onnx"
         quantize_int8(source, paths[name], **switches)
+    # what the library leaves unfused (onnx_runtime.UNFUSED), fused: in fp32 and in the role's
+    # int8 recipe (the smoothing's peaks are the same: the same MatMuls, the same inputs)
+    role = "int8" if args.documents else "int8-query"
+    fused = paths["fp32, residual norms fused"] = work / "fp32-residual-norms.onnx"
+    export_fused(student.model, fused, residual_norms=True)
+    source = fused
+    if INT8_RECIPES[role]["smooth"]:
+        source = work / "smoothed-residual-norms.onnx"
+        smooth_narrowing(fused, source, peaks, SMOOTH_ALPHA)
+    paths[f"{role}, residual norms fused"] = work / "int8-residual-norms.onnx"
+    quantize_int8(source, paths[f"{role}, residual norms fused"], **_switches(role))
 
     data = load_xquad_r(args.xquad)
     questions = data.questions()[:args.questions]
@@ -168,16 +180,8 @@ def all_engines(fp32_model: Any, paths: dict[str, Path], threads: int) -> dict[s
 def x_y_map(queries: np.ndarray, docs: np.ndarray, means: Any, centred_docs: np.ndarray,
             query_langs: Sequence[str], doc_ids: np.ndarray, relevant: Sequence[set[str]]) -> list[float]:
     """X-Y mAP@20 over the pooled documents, plain and with the language-bias correction."""
-    from vecplug.metrics import average_precision_at_k
-
-    out = []
-    for q_vecs, d_vecs in ((queries, docs), (means.centre(queries, query_langs), centred_docs)):
-        scores = q_vecs @ d_vecs.T
-        top = np.argpartition(-scores, 20, axis=1)[:, :20]
-        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
-        out.append(float(np.mean([average_precision_at_k(list(doc_ids[t]), rel, 20)
-                                  for t, rel in zip(top, relevant)])))
-    return out
+    return [exact_map_at_k(q_vecs @ d_vecs.T, doc_ids, relevant, 20)
+            for q_vecs, d_vecs in ((queries, docs), (means.centre(queries, query_langs), centred_docs))]
 
 
 def documents(args: argparse.Namespace, info: dict[str, Any], teacher: Any, queries: np.ndarray,

@@ -28,9 +28,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import (  # noqa: E402
-    fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
+    exact_map_at_k, fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
-from xquad_r import average_precision_at_k, reciprocal_rank_at_k  # noqa: E402
+from xquad_r import reciprocal_rank_at_k  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -108,11 +108,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                 lat.append(time.perf_counter() - t0)
             qinfo = enc.query_info
         scores = qv @ doc_vectors.T
-        ap, rr = [], []
+        xy_map = exact_map_at_k(scores, ids, [set(data.relevant[q.qid].values()) for q in questions], 20)
+        rr = []
         for q, row in zip(questions, scores):
-            relevant = set(data.relevant[q.qid].values())
-            top = np.argsort(-row)[:20]
-            ap.append(average_precision_at_k([ids[i] for i in top], relevant, 20))
             mono_idx = np.flatnonzero(langs_of == q.lang)
             mono_top = mono_idx[np.argsort(-row[mono_idx])[:10]]
             rr.append(reciprocal_rank_at_k([ids[i] for i in mono_top], data.relevant[q.qid][q.lang], 10))
@@ -121,7 +119,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         size = folder_bytes(qinfo.path) if meta else (qinfo.path / "model.safetensors").stat().st_size
         rows.append({
             "query_encoder": spec, "layers": len(meta.get("layers", [])) or None,
-            "teacher_layers": meta.get("layers"), "xy_map20": float(np.mean(ap)),
+            "teacher_layers": meta.get("layers"), "xy_map20": xy_map,
             "mono_mrr10": float(np.mean(rr)), "latency_p50_ms": 1000 * percentile(lat, 50),
             "latency_p95_ms": 1000 * percentile(lat, 95), "batched_queries_per_s": len(questions) / batch_seconds,
             "dim": int(doc_vectors.shape[1]), "artifact_bytes": size, "distill_seconds": meta.get("training", {}).get("seconds"),

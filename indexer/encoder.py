@@ -51,6 +51,24 @@ class SharedTokenizer:
         with self.lock:
             return self.tokenizer(*args, **kwargs)
 
+    def ids(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
+        """Token ids of ``texts`` (special tokens added, cut at ``max_length``), unpadded.
+
+        A fast tokenizer's Rust backend is called directly: what the Hugging Face wrapper adds
+        around it (a batch encoding object, its checks) takes longer than the tokenising itself
+        for a query, which is encoded while a user waits. The backend gets the settings the
+        wrapper would give it (truncation on the tokenizer's side, no padding), so the ids are
+        the wrapper's (tested on me5-small's tokenizer)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        with self.lock:
+            if backend is None:  # a slow (Python) tokenizer
+                return self.tokenizer(list(texts), truncation=True, max_length=max_length, padding=False,
+                                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+            backend.enable_truncation(max_length, strategy="longest_first",
+                                      direction=getattr(self.tokenizer, "truncation_side", "right"))
+            backend.no_padding()
+            return [e.ids for e in backend.encode_batch(list(texts))]
+
 
 _TOKENIZERS: "weakref.WeakValueDictionary[tuple[str, str], SharedTokenizer]" = weakref.WeakValueDictionary()
 _TOKENIZERS_LOCK = threading.Lock()
@@ -138,10 +156,7 @@ class TextEncoder:
         self.tokens_seen = 0
 
     def tokenize(self, texts: Sequence[str], prefix: str, max_length: int) -> list[list[int]]:
-        limit = min(max_length, self.model_max_length)
-        enc = self._shared([prefix + t for t in texts], truncation=True, max_length=limit,
-                           padding=False, return_attention_mask=False, return_token_type_ids=False)
-        return enc["input_ids"]
+        return self._shared.ids([prefix + t for t in texts], min(max_length, self.model_max_length))
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         """Character spans of ``text``'s tokens (no special tokens, no truncation): the chunker's."""
@@ -157,7 +172,8 @@ class TextEncoder:
         if not texts:
             return out
         show = progress if progress is not None else len(texts) >= 512
-        bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not show, leave=False)
+        # no bar object at all when hidden: even a disabled one costs a query ~0.2 ms
+        bar = tqdm(total=len(texts), desc=desc, unit="text", leave=False) if show else None
         with torch.inference_mode():
             for batch, input_ids, mask in self._batches(self.tokenize(texts, prefix, max_length)):
                 pooled = self._pooled(input_ids, mask)
@@ -166,26 +182,26 @@ class TextEncoder:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
                 out[batch] = pooled.float().numpy()
                 self.tokens_seen += int(mask.sum())
-                bar.update(len(batch))
-        bar.close()
+                if bar is not None:
+                    bar.update(len(batch))
+        if bar is not None:
+            bar.close()
         return out
 
-    def _batches(self, ids: list[list[int]]) -> Iterator[tuple[list[int], Any, Any]]:
-        """(positions in ``ids``, padded input ids, mask) batches: sorted by length so each
-        batch pads little, capped by padded tokens."""
-        import torch
-
+    def _batches(self, ids: list[list[int]]) -> Iterator[tuple[list[int], np.ndarray, np.ndarray]]:
+        """(positions in ``ids``, padded input ids, mask) batches, int64 arrays: sorted by
+        length so each batch pads little, capped by padded tokens."""
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
         start = 0
         while start < len(order):
             longest = len(ids[order[start]])
             size = max(1, min(MAX_BATCH_SIZE, self.batch_tokens // max(longest, 1)))
             batch = order[start:start + size]
-            input_ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), longest), dtype=torch.long)
+            input_ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
+            mask = np.zeros((len(batch), longest), dtype=np.int64)
             for row, i in enumerate(batch):
                 seq = ids[i]
-                input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+                input_ids[row, :len(seq)] = seq
                 mask[row, :len(seq)] = 1
             yield batch, input_ids, mask
             start += size
@@ -203,16 +219,17 @@ class TextEncoder:
         for prefix in dict.fromkeys((self.info.query_prefix, self.info.document_prefix)):
             with torch.inference_mode():
                 for _, input_ids, mask in self._batches(self.tokenize(texts, prefix, DEFAULT_DOCUMENT_MAX_LENGTH)):
-                    yield table(input_ids).numpy(), mask.numpy()
+                    yield table(torch.from_numpy(input_ids)).numpy(), mask
 
-    def _pooled(self, input_ids: Any, mask: Any) -> Any:
-        """Mean of the last hidden states over the real tokens."""
+    def _pooled(self, input_ids: np.ndarray, mask: np.ndarray) -> Any:
+        """Mean of the last hidden states over the real tokens (a tensor)."""
         import torch
 
         if self.onnx is not None:
-            embeds = self.model.get_input_embeddings()(input_ids)
-            return torch.from_numpy(self.onnx(embeds.numpy(), mask.numpy()))
-        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            embeds = self.model.get_input_embeddings()(torch.from_numpy(input_ids))
+            return torch.from_numpy(self.onnx(embeds.numpy(), mask))
+        mask = torch.from_numpy(mask)
+        hidden = self.model(input_ids=torch.from_numpy(input_ids), attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
@@ -398,8 +415,16 @@ class Encoder:
             "document_max_length": self.document_max_length,
             "query_quantize": self.query_quantize,
             "document_quantize": self.document_quantize,
+            "document_int8_version": self._document_int8_version(),
             "runtime": self.runtime,
         }
+
+    def _document_int8_version(self) -> int | None:
+        if self.document_quantize != "int8":
+            return None
+        from vecplug.indexer.onnx_runtime import DOCUMENT_INT8_VERSION
+
+        return DOCUMENT_INT8_VERSION
 
 
 def _hidden_size(info: ModelInfo) -> int:

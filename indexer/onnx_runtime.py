@@ -29,7 +29,13 @@ from vecplug.errors import ConfigError, MissingDependencyError, ModelError
 
 #: Bump when the export, the fusion or the quantisation below changes: cached graphs of an
 #: older recipe are then rebuilt instead of reused. 3: ``int8-query`` for students' queries.
-RECIPE = 3
+#: 4: residual additions and layer norms left unfused (:data:`UNFUSED`).
+RECIPE = 4
+#: ORT fusions vecplug leaves out, in the graph and in the session. ORT's CPU kernel for
+#: SkipLayerNormalization (residual add + layer norm in one op) is several times slower here
+#: than the add and the layer norm it replaces (onnxruntime 1.32, AVX2); unfused, the same
+#: function runs faster (benchmarks/onnx_probe.py: the rows "residual norms fused").
+UNFUSED = ["SkipLayerNormFusion"]
 OPSET = 17
 #: The int8 recipes, by the graph's quantisation name: whether the FFN down-projections are
 #: smoothed first (:func:`smooth_narrowing`), then :func:`quantize_int8`'s switches. Quality on
@@ -43,6 +49,11 @@ INT8_RECIPES: dict[str, dict[str, bool]] = {
     # down-projections smoothed; the shipped student keeps 100% plain, 99.8% corrected
     "int8-query": {"smooth": True, "attention": True, "narrowing": True},
 }
+#: The documents' int8 recipe's version, recorded in an index's manifest: bump it when the
+#: ``int8`` recipe's settings change (its vectors move), and an index of documents encoded by
+#: an older one refuses new documents instead of mixing two encoders' vectors. 1: the settings
+#: above, unchanged since int8 documents were introduced.
+DOCUMENT_INT8_VERSION = 1
 #: SmoothQuant's migration strength for the FFN down-projections (chosen on XQuAD-R with
 #: benchmarks/onnx_probe.py: the share of an input channel's range moved into the weights)
 SMOOTH_ALPHA = 0.75
@@ -104,13 +115,14 @@ def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds
     return path
 
 
-def export_fused(model: Any, path: Path) -> None:
+def export_fused(model: Any, path: Path, residual_norms: bool = False) -> None:
     """Export ``model``'s layers (embeddings in, mean-pooled vector out) and fuse them into
-    ``path`` (fp32)."""
+    ``path`` (fp32). ``residual_norms``: fuse what vecplug leaves apart (:data:`UNFUSED`),
+    to measure it."""
     raw = path.with_name(path.stem + ".raw.onnx")
     try:
         _export(model, raw)
-        _fuse(raw, path, model.config)
+        _fuse(raw, path, model.config, residual_norms)
     finally:
         raw.unlink(missing_ok=True)
 
@@ -184,14 +196,19 @@ def _set_attention(model: Any, name: str) -> None:
     model.config._attn_implementation = name
 
 
-def _fuse(src: Path, dst: Path, config: Any) -> None:
-    """ORT's transformer optimizer: LayerNorm, GELU and (where it matches) attention fused."""
+def _fuse(src: Path, dst: Path, config: Any, residual_norms: bool = False) -> None:
+    """ORT's transformer optimizer: LayerNorm, GELU and (where it matches) attention fused, the
+    residual additions not (:data:`UNFUSED`) unless ``residual_norms``."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
     hidden = int(getattr(config, "hidden_size", 0) or 0)
+    options = FusionOptions("bert")
+    options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = residual_norms
     with _quiet("onnxruntime.transformers"):  # fusion statistics at INFO/WARNING
         optimized = optimize_model(str(src), model_type="bert", num_heads=heads, hidden_size=hidden,
+                                   optimization_options=options,
                                    opt_level=1)  # level 1: portable graph (no machine-specific layout)
     optimized.save_model_to_file(str(dst))
 
@@ -299,7 +316,9 @@ class OnnxLayers:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.path = path
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # the session would fuse them again when it loads the graph
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=UNFUSED)
 
     def __call__(self, embeds: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return self.session.run(["pooled"], {"inputs_embeds": embeds, "attention_mask": mask})[0]

@@ -88,6 +88,26 @@ def test_int8_query_encoder(tiny_model: Path) -> None:
         TextEncoder(resolve_model(str(tiny_model)), quantize="int4")
 
 
+def test_token_ids_are_the_wrappers(tiny_model: Path) -> None:
+    """``SharedTokenizer.ids`` calls the Rust backend directly; its ids are the Hugging Face
+    wrapper's, cut at each limit on the tokenizer's truncation side, and the wrapper's own
+    calls afterwards are unaffected."""
+    from transformers import AutoTokenizer
+
+    from vecplug.indexer.encoder import SharedTokenizer
+
+    texts = [t * 3 for t in TEXTS]
+    for side in ("right", "left"):
+        tok = AutoTokenizer.from_pretrained(str(tiny_model), truncation_side=side)
+        shared = SharedTokenizer(tok)
+        for limit in (3, 8, 128):
+            assert shared.ids(texts, limit) == tok(texts, truncation=True, max_length=limit)["input_ids"]
+        cut = shared.ids([texts[0]], 8)[0]
+        whole = tok(texts[0])["input_ids"]  # the wrapper's own call afterwards: not cut
+        assert len(whole) > 8
+        assert cut == (whole[:1] + whole[-7:] if side == "left" else whole[:7] + whole[-1:])
+
+
 def test_a_shared_tokenizer_keeps_each_callers_limit_across_threads(tiny_model: Path) -> None:
     """Query (short limit) and document (long limit) tokenisation at once from two threads on
     the one shared tokenizer: each gets its own truncation, and the chunker's offsets none."""

@@ -69,6 +69,18 @@ def test_tokenizer_matches_the_file_normalisation(built_me5: Path) -> None:
     assert tok.convert_ids_to_tokens(tok("query: ＡＢＣ～")["input_ids"])[-3:-1] == ["▁ABC", "～"]
 
 
+def test_token_ids_through_the_backend_are_the_wrappers(built_me5: Path) -> None:
+    """The encoders' fast path (``SharedTokenizer.ids``) on the real 250k-piece tokenizer."""
+    from transformers import AutoTokenizer
+
+    from vecplug.indexer.encoder import SharedTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(built_me5))
+    texts = ["query: " + s for s in SENTENCES] + ["passage: " + " ".join(SENTENCES)]
+    for limit in (8, 64, 512):
+        assert SharedTokenizer(tok).ids(texts, limit) == tok(texts, truncation=True, max_length=limit)["input_ids"]
+
+
 SENTENCES = [
     "How much protein should an adult eat per day?",
     "Wie viel Eiweiß braucht ein Erwachsener am Tag?",

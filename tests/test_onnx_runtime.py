@@ -47,6 +47,45 @@ def test_fp32_graph_gives_torch_vectors_and_is_cached(tiny_model: Path, fresh_ma
     np.testing.assert_allclose(again.encode_documents(TEXTS), torch_enc.encode_documents(TEXTS), atol=1e-5)
 
 
+def test_residual_layer_norms_stay_unfused(tiny_model: Path, fresh_machine: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORT's SkipLayerNormalization kernel is slower than the add and layer norm it replaces
+    (``onnx_runtime.UNFUSED``): neither the cached graph nor the session fuses them."""
+    import onnxruntime as ort
+
+    Encoder.from_specs(str(tiny_model), runtime="onnx").encode_queries(TEXTS)
+    (path,) = _graphs(fresh_machine)
+    ops = _ops(path)[1]
+    assert "Attention" in ops and "LayerNormalization" in ops and "SkipLayerNormalization" not in ops
+
+    # a session fuses an add and layer norm of known shapes by itself (ours has dynamic ones,
+    # which this ORT leaves alone; a later one might not): UNFUSED keeps them apart
+    from onnx import TensorProto, helper, numpy_helper
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 8]) for n in "xy")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"])],
+        "add_norm", [x], [y], [numpy_helper.from_array(np.ones(8, np.float32), "g"),
+                               numpy_helper.from_array(np.zeros(8, np.float32), "b")])
+    small = fresh_machine / "add_norm.onnx"
+    small.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+
+    def optimized(disabled: list[str]) -> list[str]:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(fresh_machine / "optimized.onnx")
+        ort.InferenceSession(str(small), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+        return _ops(fresh_machine / "optimized.onnx")[1]
+
+    assert "SkipLayerNormalization" in optimized([])
+    assert "SkipLayerNormalization" not in optimized(onnx_runtime.UNFUSED)
+    seen: list[Any] = []
+    real = ort.InferenceSession
+    monkeypatch.setattr(ort, "InferenceSession", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    onnx_runtime.OnnxLayers(path, threads=1)
+    assert seen[-1]["disabled_optimizers"] == onnx_runtime.UNFUSED
+
+
 def _ops(path: Path) -> tuple[Any, list[str]]:
     import onnx
 
@@ -234,9 +273,13 @@ def test_shipped_student_under_onnx_runtime(built_me5: Path) -> None:
     assert (np.argmax(scores8, axis=1) == np.argmax(scores, axis=1))[clear].all()
 
 
-def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path) -> None:
-    """An index of int8 documents says so; later runs use it, and refuse to mix in fp32 ones."""
+def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index of int8 documents says so (and by which recipe); later runs use it, and refuse
+    to mix in fp32 ones or another recipe's."""
     import json
+
+    from vecplug.indexer import onnx_runtime
 
     from click.testing import CliRunner
 
@@ -253,6 +296,7 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path) 
     assert result.exit_code == 0, result.output
     manifest = json.loads(runner.invoke(cli, ["info", "--json", *common]).output)["manifest"]
     assert manifest["document_quantize"] == "int8" and manifest["runtime"] == "onnx"
+    assert manifest["document_int8_version"] == onnx_runtime.DOCUMENT_INT8_VERSION
     assert "runtime:    onnx, document weights int8" in runner.invoke(cli, ["info", *common]).output
     # no flags: the index's runtime and quantisation
     (corpus / "b.txt").write_text("wasser kocht bei hundert grad\n", encoding="utf-8")
@@ -260,6 +304,15 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path) 
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["search", "wasser", "--json", *common])
     assert result.exit_code == 0 and len(json.loads(result.output)["hits"]) == 2
+    # a later vecplug whose documents' recipe changed: searching goes on, adding is refused
+    with monkeypatch.context() as later:
+        later.setattr(onnx_runtime, "DOCUMENT_INT8_VERSION", onnx_runtime.DOCUMENT_INT8_VERSION + 1)
+        assert runner.invoke(cli, ["search", "wasser", *common]).exit_code == 0
+        (corpus / "b2.txt").write_text("the fox jumps\n", encoding="utf-8")
+        result = runner.invoke(cli, ["index", str(corpus), "-q", *common])
+        assert result.exit_code != 0 and "int8 recipe mismatch" in result.output
+        assert "version 1" in result.output and "version 2" in result.output
+        (corpus / "b2.txt").unlink()
     # int8 documents into an index of float32 ones: a mismatch, named
     (corpus / "c.txt").write_text("el agua hierve a cien grados\n", encoding="utf-8")
     fp32_index = ["--index", str(tmp_path / "fp32"), "--model", str(tiny_model)]

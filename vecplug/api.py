@@ -168,6 +168,7 @@ class Index:
         if not self.writable:
             raise VecplugError("the index was opened read-only")
         encoder = self.encoder
+        check_document_recipe(self.manifest, encoder.describe())
         try:
             return pipeline.run(
                 documents, encoder, self.store, Record.from_document, self.detector.detect,
@@ -400,6 +401,19 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
             right = f"{current.get(name)} ({current.get(key)})" if name else repr(current.get(key))
             raise ModelMismatchError(f"{what} mismatch: the index was built with {left}, "
                                      f"but this run uses {right}")
+
+
+def check_document_recipe(built: dict[str, Any], current: dict[str, Any]) -> None:
+    """Refuse to add documents encoded by another version of the int8 recipe than the index's
+    (searching it stays allowed: queries are not encoded by that recipe)."""
+    if built.get("document_quantize") != "int8":
+        return
+    version = built.get("document_int8_version") or 1  # indexes from before it was recorded: 1
+    if version != current.get("document_int8_version"):
+        raise ModelMismatchError(
+            f"document int8 recipe mismatch: the index's documents were encoded with int8 recipe "
+            f"version {version}, but this vecplug encodes with version {current.get('document_int8_version')}; "
+            "rebuild the index into a new folder to add documents")
 
 
 def check_query_encoder(current: dict[str, Any]) -> None:
