@@ -50,9 +50,11 @@ INT8_RECIPES: dict[str, dict[str, bool]] = {
     "int8-query": {"smooth": True, "attention": True, "narrowing": True},
 }
 #: The documents' int8 recipe's version, recorded in an index's manifest: bump it when the
-#: ``int8`` recipe's settings change (its vectors move), and an index of documents encoded by
-#: an older one refuses new documents instead of mixing two encoders' vectors. 1: the settings
-#: above, unchanged since int8 documents were introduced.
+#: ``int8`` recipe's settings change (which weights are int8, smoothing), and an index of
+#: documents encoded by an older one refuses new documents instead of mixing two encoders'
+#: vectors. Not bumped for numerical differences between builds of the same settings (a
+#: fusion, an ORT version), like float32 across torch versions. 1: the settings above,
+#: unchanged since int8 documents were introduced.
 DOCUMENT_INT8_VERSION = 1
 #: SmoothQuant's migration strength for the FFN down-projections (chosen on XQuAD-R with
 #: benchmarks/onnx_probe.py: the share of an input channel's range moved into the weights)
