@@ -171,14 +171,21 @@ def load_student(folder: Path, teacher_path: Path, teacher_checksum: str,
             f"student {folder} was distilled from {meta.get('teacher')} "
             f"({meta.get('teacher_checksum')}), but the teacher found is {teacher_path} ({teacher_checksum})")
     config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    vocab = int(config.vocab_size)
+    # built from the config as it is, the model would hold a randomly initialised table as big
+    # as the teacher's (366 MiB for me5-small), only to drop it for the teacher's: the load's
+    # peak memory. Built with the fewest rows the config allows (the padding id must exist),
+    # and given its real size back once the teacher's table is in.
+    config.vocab_size = int(getattr(config, "pad_token_id", None) or 0) + 1
     try:
-        model = AutoModel.from_config(config, add_pooling_layer=False)
-    except TypeError:
-        model = AutoModel.from_config(config)
-    expected = tuple(model.get_input_embeddings().weight.shape)
-    # the config built a randomly initialised table as big as the teacher's (366 MiB for
-    # me5-small): free it before the teacher's is read, so the two are never both in memory
-    model.get_input_embeddings().weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        try:
+            model = AutoModel.from_config(config, add_pooling_layer=False)
+        except TypeError:
+            model = AutoModel.from_config(config)
+    finally:
+        config.vocab_size = vocab
+    small = model.get_input_embeddings()
+    expected = (vocab, int(small.weight.shape[1]))
     state = load_file(str(folder / STUDENT_WEIGHTS))
     table = embeddings if embeddings is not None else load_teacher_embeddings(teacher_path)
     if tuple(table.shape) != expected:
@@ -187,7 +194,8 @@ def load_student(folder: Path, teacher_path: Path, teacher_checksum: str,
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [m for m in missing if m != SHARED_KEY and not m.startswith("pooler.")] or unexpected:
         raise ModelError(f"{folder}: weights do not fit the config (missing {missing}, unexpected {unexpected})")
-    model.get_input_embeddings().weight = torch.nn.Parameter(table, requires_grad=False)
+    small.weight = torch.nn.Parameter(table, requires_grad=False)
+    small.num_embeddings = vocab
     model.eval()
     return model
 

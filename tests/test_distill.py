@@ -96,6 +96,28 @@ def test_resume_equals_one_run(tiny_model: Path, texts_file: Path, tmp_path: Pat
         np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), atol=1e-6, err_msg=k)
 
 
+def test_a_student_never_builds_a_table_of_its_own(tiny_model: Path, tiny_student: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The student's config names the teacher's vocabulary; a table that size, randomly
+    initialised and then dropped, was its load's peak memory. It is built with the fewest rows
+    and takes the teacher's table, with its real size on the module and the config."""
+    from transformers import AutoModel
+
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.student import load_student
+
+    built: list[int] = []
+    real = AutoModel.from_config
+    monkeypatch.setattr(AutoModel, "from_config",
+                        lambda config, **kw: built.append(config.vocab_size) or real(config, **kw))
+    teacher = resolve_model(str(tiny_model))
+    model = load_student(tiny_student, teacher.path, teacher.checksum)
+    table = model.get_input_embeddings()
+    rows = int(table.weight.shape[0])
+    assert built and max(built) == table.padding_idx + 1 < rows
+    assert table.num_embeddings == model.config.vocab_size == rows
+
+
 def test_student_of_another_teacher_is_refused(tiny_model: Path, other_tiny_model: Path,
                                                texts_file: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
