@@ -91,24 +91,25 @@ def main() -> None:
     export_fused(student.model, work / "fp32.onnx")
     paths = {"fp32": work / "fp32.onnx"}
     peaks = activation_peaks(paths["fp32"], student.calibration_feeds())
-    for i, (name, (alpha, switches)) in enumerate(VARIANTS.items()):
-        source = paths["fp32"]
+
+    def int8(fp32: Path, alpha: float | None, switches: dict[str, bool], tag: str) -> Path:
+        """``fp32`` smoothed at ``alpha`` (None: not), then quantised with ``switches``."""
+        source = fp32
         if alpha is not None:
-            source = work / f"smoothed-{alpha}.onnx"
-            smooth_narrowing(paths["fp32"], source, peaks, alpha)
-        paths[name] = work / f"int8-{i}.onnx"
-        quantize_int8(source, paths[name], **switches)
+            source = work / f"smoothed-{tag}.onnx"
+            smooth_narrowing(fp32, source, peaks, alpha)
+        quantize_int8(source, work / f"int8-{tag}.onnx", **switches)
+        return work / f"int8-{tag}.onnx"
+
+    for i, (name, (alpha, switches)) in enumerate(VARIANTS.items()):
+        paths[name] = int8(paths["fp32"], alpha, switches, str(i))
     # what the library leaves unfused (onnx_runtime.UNFUSED), fused: in fp32 and in the role's
     # int8 recipe (the smoothing's peaks are the same: the same MatMuls, the same inputs)
     role = "int8" if args.documents else "int8-query"
     fused = paths["fp32, residual norms fused"] = work / "fp32-residual-norms.onnx"
     export_fused(student.model, fused, residual_norms=True)
-    source = fused
-    if INT8_RECIPES[role]["smooth"]:
-        source = work / "smoothed-residual-norms.onnx"
-        smooth_narrowing(fused, source, peaks, SMOOTH_ALPHA)
-    paths[f"{role}, residual norms fused"] = work / "int8-residual-norms.onnx"
-    quantize_int8(source, paths[f"{role}, residual norms fused"], **_switches(role))
+    paths[f"{role}, residual norms fused"] = int8(
+        fused, SMOOTH_ALPHA if INT8_RECIPES[role]["smooth"] else None, _switches(role), "residual-norms")
 
     data = load_xquad_r(args.xquad)
     questions = data.questions()[:args.questions]

@@ -36,8 +36,8 @@ class EncodeStats:
 class SharedTokenizer:
     """A tokenizer loaded once per process for every encoder that reads its folder, with a lock.
 
-    A multilingual tokenizer is big (me5-small's 250k-piece one holds ~280 MiB in memory, about
-    as much as the vocabulary table), and a student uses its teacher's: loading it once saves
+    A multilingual tokenizer is big (me5-small's 250k-piece one holds ~310 MiB in memory, about
+    as much as the vocabulary table; benchmarks/model_memory.py), and a student uses its teacher's: loading it once saves
     that much wherever both encode. The lock: a fast tokenizer keeps its truncation length as
     state of the Rust object, set by each call, so two calls with different limits (a query's
     64 tokens, a document's 256, the chunker's none) must not interleave across threads.
@@ -45,6 +45,8 @@ class SharedTokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        #: a fast tokenizer's Rust backend (None for a slow, Python one): :meth:`ids` calls it
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
         self.lock = threading.Lock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -59,7 +61,7 @@ class SharedTokenizer:
         for a query, which is encoded while a user waits. The backend gets the settings the
         wrapper would give it (truncation on the tokenizer's side, no padding), so the ids are
         the wrapper's (tested on me5-small's tokenizer)."""
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        backend = self.backend
         with self.lock:
             if backend is None:  # a slow (Python) tokenizer
                 return self.tokenizer(list(texts), truncation=True, max_length=max_length, padding=False,
@@ -215,19 +217,23 @@ class TextEncoder:
         from vecplug.indexer.onnx_runtime import calibration_texts
 
         texts = calibration_texts()
-        table = self.model.get_input_embeddings()
         for prefix in dict.fromkeys((self.info.query_prefix, self.info.document_prefix)):
             with torch.inference_mode():
                 for _, input_ids, mask in self._batches(self.tokenize(texts, prefix, DEFAULT_DOCUMENT_MAX_LENGTH)):
-                    yield table(torch.from_numpy(input_ids)).numpy(), mask
+                    yield self._embeddings(input_ids), mask
+
+    def _embeddings(self, input_ids: np.ndarray) -> np.ndarray:
+        """The token embeddings: the ONNX graph's input (the table stays in torch, shared)."""
+        import torch
+
+        return self.model.get_input_embeddings()(torch.from_numpy(input_ids)).numpy()
 
     def _pooled(self, input_ids: np.ndarray, mask: np.ndarray) -> Any:
         """Mean of the last hidden states over the real tokens (a tensor)."""
         import torch
 
         if self.onnx is not None:
-            embeds = self.model.get_input_embeddings()(torch.from_numpy(input_ids))
-            return torch.from_numpy(self.onnx(embeds.numpy(), mask))
+            return torch.from_numpy(self.onnx(self._embeddings(input_ids), mask))
         mask = torch.from_numpy(mask)
         hidden = self.model(input_ids=torch.from_numpy(input_ids), attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
