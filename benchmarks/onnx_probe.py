@@ -6,11 +6,12 @@ recipe was chosen. It needs ``pip install 'vecplug[onnx]'`` and a pooled XQuAD-R
 me5-small documents (``make bench-eval`` builds one; its path is the ``--index`` here) for the
 quality columns.
 
-Each ORT variant is the library's exported, fused graph (``export_fused``), smoothed or not
-(``smooth_narrowing``, calibrated on the shipped sentences as the library does), quantised with
-``quantize_int8`` and its switches (below), and run through vecplug's own ``TextEncoder``
-(``runtime="onnx"`` path). Two more rows fuse what the library leaves apart (the residual
-additions into their layer norms, ``onnx_runtime.UNFUSED``): in fp32 and in the role's recipe. Latency: ``encode`` of one query at a time on one thread
+Each ORT variant is the library's exported, fused graph (``export_fused``) put into int8 by
+the library's ``quantize_recipe`` (smoothing calibrated on the shipped sentences, as the
+library does) with a recipe (below), and run through
+vecplug's own ``TextEncoder`` (``runtime="onnx"`` path). Two more rows fuse what the library
+leaves apart (the residual additions into their layer norms, ``onnx_runtime.UNFUSED``): in
+fp32 and in the role's recipe. Latency: ``encode`` of one query at a time on one thread
 (tokenisation included), every engine in turn on each question, so that the machine's drift
 (runs here vary by 15%) falls on all of them alike. Quality: X-Y mAP@20 on all XQuAD-R
 questions, plain and with the bias correction (documents as stored in the index).
@@ -34,23 +35,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import exact_map_at_k, header_markdown, machine_info, markdown_table, percentile  # noqa: E402
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
-from vecplug.indexer.onnx_runtime import INT8_RECIPES, SMOOTH_ALPHA  # noqa: E402
+from vecplug.indexer.onnx_runtime import INT8_RECIPES, SMOOTH_ALPHA, SMOOTHABLE  # noqa: E402
 
 
-def _switches(recipe: str) -> dict[str, bool]:
-    return {k: v for k, v in INT8_RECIPES[recipe].items() if k != "smooth"}
+def _recipe(base: str, **changes: Any) -> dict[str, Any]:
+    return {**INT8_RECIPES[base], **changes}
 
 
-#: name -> (smoothing alpha or None, quantize_int8's switches); the library's two recipes first
-VARIANTS = {
+#: name -> (recipe in INT8_RECIPES' form, smoothing alpha); the library's recipes first
+VARIANTS: dict[str, tuple[dict[str, Any], float]] = {
     f"int8-query (vecplug's for queries: every weight, FFN down smoothed, alpha {SMOOTH_ALPHA})":
-        (SMOOTH_ALPHA, _switches("int8-query")),
-    "int8 (vecplug's for documents: FFN down and attention QKV fp32)": (None, _switches("int8")),
-    "int8-query smoothed at alpha 0.5": (0.5, _switches("int8-query")),
-    "int8-query smoothed at alpha 0.9": (0.9, _switches("int8-query")),
-    "int8, every weight, unsmoothed": (None, {}),
-    "int8, every weight, unsmoothed, no reduce-range": (None, {"reduce_range": False}),
-    "int8, FFN down fp32, attention QKV int8": (None, {"narrowing": False}),
+        (INT8_RECIPES["int8-query"], SMOOTH_ALPHA),
+    "int8 (vecplug's for documents: FFN down fp32, attention Q, K, V smoothed)": (INT8_RECIPES["int8"], SMOOTH_ALPHA),
+    "int8, attention Q, K, V smoothed at alpha 0.5": (INT8_RECIPES["int8"], 0.5),
+    "int8-v1 (documents' version 1: FFN down and attention Q, K, V fp32)": (INT8_RECIPES["int8-v1"], SMOOTH_ALPHA),
+    "int8, FFN down fp32, attention Q, K, V unsmoothed": (_recipe("int8", smooth=()), SMOOTH_ALPHA),
+    "int8, every weight, Q, K, V and FFN down smoothed": (_recipe("int8", smooth=SMOOTHABLE, narrowing=True), SMOOTH_ALPHA),
+    "int8-query smoothed at alpha 0.5": (INT8_RECIPES["int8-query"], 0.5),
+    "int8-query smoothed at alpha 0.9": (INT8_RECIPES["int8-query"], 0.9),
+    "int8, every weight, unsmoothed": (_recipe("int8-query", smooth=()), SMOOTH_ALPHA),
 }
 
 
@@ -78,7 +81,7 @@ def main() -> None:
     from vecplug.api import open_index
     from vecplug.indexer.datasets import load_xquad_r
     from vecplug.indexer.encoder import Encoder
-    from vecplug.indexer.onnx_runtime import activation_peaks, export_fused, quantize_int8, smooth_narrowing
+    from vecplug.indexer.onnx_runtime import export_fused, quantize_recipe
 
     torch.set_num_threads(args.threads)
     info = machine_info()  # after the thread setting, which it reports
@@ -90,26 +93,20 @@ def main() -> None:
     student = enc.document if args.documents else enc.query
     export_fused(student.model, work / "fp32.onnx")
     paths = {"fp32": work / "fp32.onnx"}
-    peaks = activation_peaks(paths["fp32"], student.calibration_feeds())
 
-    def int8(fp32: Path, alpha: float | None, switches: dict[str, bool], tag: str) -> Path:
-        """``fp32`` smoothed at ``alpha`` (None: not), then quantised with ``switches``."""
-        source = fp32
-        if alpha is not None:
-            source = work / f"smoothed-{tag}.onnx"
-            smooth_narrowing(fp32, source, peaks, alpha)
-        quantize_int8(source, work / f"int8-{tag}.onnx", **switches)
+    def int8(fp32: Path, recipe: dict[str, Any], alpha: float, tag: str) -> Path:
+        """``fp32`` in int8 by ``recipe`` (smoothed at ``alpha``), as the library builds it."""
+        quantize_recipe(fp32, work / f"int8-{tag}.onnx", recipe, student.calibration_feeds, alpha)
         return work / f"int8-{tag}.onnx"
 
-    for i, (name, (alpha, switches)) in enumerate(VARIANTS.items()):
-        paths[name] = int8(paths["fp32"], alpha, switches, str(i))
+    for i, (name, (recipe, alpha)) in enumerate(VARIANTS.items()):
+        paths[name] = int8(paths["fp32"], recipe, alpha, str(i))
     # what the library leaves unfused (onnx_runtime.UNFUSED), fused: in fp32 and in the role's
-    # int8 recipe (the smoothing's peaks are the same: the same MatMuls, the same inputs)
+    # int8 recipe
     role = "int8" if args.documents else "int8-query"
     fused = paths["fp32, residual norms fused"] = work / "fp32-residual-norms.onnx"
     export_fused(student.model, fused, residual_norms=True)
-    paths[f"{role}, residual norms fused"] = int8(
-        fused, SMOOTH_ALPHA if INT8_RECIPES[role]["smooth"] else None, _switches(role), "residual-norms")
+    paths[f"{role}, residual norms fused"] = int8(fused, INT8_RECIPES[role], SMOOTH_ALPHA, "residual-norms")
 
     data = load_xquad_r(args.xquad)
     questions = data.questions()[:args.questions]

@@ -313,12 +313,15 @@ class Encoder:
                  query_prefix: str | None = None, document_prefix: str | None = None,
                  batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
                  query_quantize: str | None = "auto", document_quantize: str | None = None,
-                 runtime: str = "torch") -> None:
+                 runtime: str = "torch", document_int8_version: int | None = None) -> None:
         self.document_info = document
         self.query_info = query if query is not None and query.checksum != document.checksum else document
         self.query_quantize = _quantize_for(query_quantize, self.query_info)
         self.document_quantize = None if document_quantize in (None, "none") else document_quantize
         self.runtime = runtime
+        #: which version of the documents' int8 recipe encodes documents (None: the current
+        #: one): an index of int8 documents keeps the version it was built with
+        self.document_int8_version = document_int8_version
         if self.document_quantize is not None and runtime != "onnx":
             from vecplug.errors import ConfigError
 
@@ -356,7 +359,8 @@ class Encoder:
             else:
                 self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                              post=_pca_map(self.projection) if self.projection else None,
-                                             quantize=self.document_quantize, runtime=self.runtime)
+                                             quantize=self.document_quantize, runtime=self.runtime,
+                                             int8_recipe=self._document_recipe())
                 teacher = self.query_info.teacher
                 if (self._query is not None and teacher is not None
                         and teacher.checksum == self.document_info.checksum):
@@ -430,7 +434,23 @@ class Encoder:
             return None
         from vecplug.indexer.onnx_runtime import DOCUMENT_INT8_VERSION
 
-        return DOCUMENT_INT8_VERSION
+        return self.document_int8_version or DOCUMENT_INT8_VERSION
+
+    def _document_recipe(self) -> str:
+        """The ``onnx_runtime.INT8_RECIPES`` entry of the documents' int8 recipe version."""
+        from vecplug.indexer.onnx_runtime import DOCUMENT_INT8_RECIPES
+
+        version = self._document_int8_version()
+        if version is None:
+            return "int8"
+        if version not in DOCUMENT_INT8_RECIPES:
+            from vecplug.errors import ModelMismatchError
+
+            raise ModelMismatchError(
+                f"document int8 recipe mismatch: documents encoded with int8 recipe version {version}, "
+                f"which this vecplug does not know (it knows {', '.join(map(str, DOCUMENT_INT8_RECIPES))}); "
+                "upgrade vecplug to add documents")
+        return DOCUMENT_INT8_RECIPES[version]
 
 
 def _hidden_size(info: ModelInfo) -> int:

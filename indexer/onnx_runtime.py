@@ -29,35 +29,42 @@ from vecplug.errors import ConfigError, MissingDependencyError, ModelError
 
 #: Bump when the export, the fusion or the quantisation below changes: cached graphs of an
 #: older recipe are then rebuilt instead of reused. 3: ``int8-query`` for students' queries.
-#: 4: residual additions and layer norms left unfused (:data:`UNFUSED`).
-RECIPE = 4
+#: 4: residual additions and layer norms left unfused (:data:`UNFUSED`). 5: the documents'
+#: ``int8`` recipe of version 2 (:data:`DOCUMENT_INT8_VERSION`).
+RECIPE = 5
 #: ORT fusions vecplug leaves out, in the graph and in the session. ORT's CPU kernel for
 #: SkipLayerNormalization (residual add + layer norm in one op) is several times slower here
 #: than the add and the layer norm it replaces (onnxruntime 1.32, AVX2); unfused, the same
 #: function runs faster (benchmarks/onnx_probe.py: the rows "residual norms fused").
 UNFUSED = ["SkipLayerNormFusion"]
 OPSET = 17
-#: The int8 recipes, by the graph's quantisation name: whether the FFN down-projections are
-#: smoothed first (:func:`smooth_narrowing`), then :func:`quantize_int8`'s switches. Quality on
-#: XQuAD-R, X-Y mAP@20 against float32: benchmarks/onnx_probe.py and benchmarks/eval_onnx.sh.
-INT8_RECIPES: dict[str, dict[str, bool]] = {
-    # an encoder that encodes documents: the FFN down-projections and the attention's Q, K, V
-    # stay float32. me5-small's passages keep 99.1% this way (eval_onnx.sh); the queries'
-    # recipe keeps 98.6% on them with the bias correction (onnx_probe.py --documents)
-    "int8": {"smooth": False, "attention": False, "narrowing": False},
+#: What :func:`smooth_inputs` can smooth: the FFN down-projections' inputs (``narrowing``) and
+#: the fused attention's Q, K, V projection's input (``attention``).
+SMOOTHABLE = ("attention", "narrowing")
+#: The int8 recipes, by the graph's quantisation name: the nodes whose inputs are smoothed
+#: first (:func:`smooth_inputs`), then :func:`quantize_int8`'s switches. Quality on XQuAD-R,
+#: X-Y mAP@20 against float32: benchmarks/onnx_probe.py (``--documents`` for documents).
+INT8_RECIPES: dict[str, dict[str, Any]] = {
+    # an encoder that encodes documents: the FFN down-projections stay float32; the attention's
+    # Q, K, V are int8 after smoothing their input (me5-small's passages keep 99.2% plain,
+    # 100% with the correction; unsmoothed, 98.7%)
+    "int8": {"smooth": ("attention",), "attention": True, "narrowing": False},
+    # the documents' recipe of version 1: Q, K, V float32 too, nothing smoothed (99.3% / 99.8%)
+    "int8-v1": {"smooth": (), "attention": False, "narrowing": False},
     # a student's queries (``TextEncoder(int8_recipe="int8-query")``): every weight, the
     # down-projections smoothed; the shipped student keeps 100% plain, 99.8% corrected
-    "int8-query": {"smooth": True, "attention": True, "narrowing": True},
+    "int8-query": {"smooth": ("narrowing",), "attention": True, "narrowing": True},
 }
-#: The documents' int8 recipe's version, recorded in an index's manifest: bump it when the
-#: ``int8`` recipe's settings change (which weights are int8, smoothing), and an index of
-#: documents encoded by an older one refuses new documents instead of mixing two encoders'
-#: vectors. Not bumped for numerical differences between builds of the same settings (a
-#: fusion, an ORT version), like float32 across torch versions. 1: the settings above,
-#: unchanged since int8 documents were introduced.
-DOCUMENT_INT8_VERSION = 1
-#: SmoothQuant's migration strength for the FFN down-projections (chosen on XQuAD-R with
-#: benchmarks/onnx_probe.py: the share of an input channel's range moved into the weights)
+#: The documents' int8 recipe's version, recorded in an index's manifest, and the recipe of
+#: each version: an index keeps encoding its new documents with the recipe of its version, so
+#: one index never mixes two encoders' vectors; a version this vecplug does not know (from a
+#: later one) refuses new documents. Bump it, keeping the old entry, when the ``int8`` recipe's
+#: settings change (which weights are int8, smoothing); not for numerical differences between
+#: builds of the same settings (a fusion, an ORT version), like float32 across torch versions.
+DOCUMENT_INT8_VERSION = 2
+DOCUMENT_INT8_RECIPES: dict[int, str] = {1: "int8-v1", 2: "int8"}
+#: SmoothQuant's migration strength (chosen on XQuAD-R with benchmarks/onnx_probe.py: the
+#: share of an input channel's range moved into the weights)
 SMOOTH_ALPHA = 0.75
 #: (embeddings, mask) batches, the graph's inputs: what the int8 recipe calibrates on
 Feeds = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
@@ -105,16 +112,27 @@ def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds
         final = fused = Path(tmp) / "fused.onnx"
         export_fused(model, fused)
         if recipe:
-            source, final = fused, Path(tmp) / "int8.onnx"
-            if recipe["smooth"]:
-                assert calibration is not None
-                source = Path(tmp) / "smoothed.onnx"
-                smooth_narrowing(fused, source, activation_peaks(fused, calibration()))
-            quantize_int8(source, final, attention=recipe["attention"], narrowing=recipe["narrowing"])
+            final = Path(tmp) / "int8.onnx"
+            quantize_recipe(fused, final, recipe, calibration)
         # a session must open it before it takes the cache's name
         ort.InferenceSession(str(final), providers=["CPUExecutionProvider"])
         os.replace(final, path)
     return path
+
+
+def quantize_recipe(fp32: Path, dst: Path, recipe: dict[str, Any], calibration: Feeds | None,
+                    alpha: float = SMOOTH_ALPHA) -> None:
+    """The float32 graph at ``fp32`` in int8 by ``recipe`` (one of :data:`INT8_RECIPES`), the
+    smoothing at ``alpha`` calibrated on ``calibration``'s inputs (needed if it smooths). The
+    smoothed float32 graph is written beside ``dst``."""
+    source = fp32
+    if recipe["smooth"]:
+        if calibration is None:
+            raise ValueError("a smoothed recipe needs calibration inputs")
+        source = dst.with_name(dst.stem + ".smoothed.onnx")
+        smooth_inputs(fp32, source, activation_peaks(fp32, calibration(), recipe["smooth"]), alpha,
+                      recipe["smooth"])
+    quantize_int8(source, dst, attention=recipe["attention"], narrowing=recipe["narrowing"])
 
 
 def export_fused(model: Any, path: Path, residual_norms: bool = False) -> None:
@@ -222,15 +240,30 @@ def _narrowing(graph: Any) -> list[Any]:
             and dims[n.input[1]][0] > dims[n.input[1]][1]]
 
 
-def activation_peaks(path: Path, feeds: Iterable[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-    """Per input channel, the largest |value| reaching each narrowing MatMul of the graph at
-    ``path`` over ``feeds`` (real tokens only, not padding): what :func:`smooth_narrowing` needs."""
+def _smoothable(graph: Any, kinds: Iterable[str]) -> list[Any]:
+    """The nodes of ``kinds`` (:data:`SMOOTHABLE`) in graph order: each has its activation
+    input first and its (in, out) weight second."""
+    kinds = set(kinds)
+    if kinds - set(SMOOTHABLE):
+        raise ValueError(f"cannot smooth {sorted(kinds - set(SMOOTHABLE))}; known: {', '.join(SMOOTHABLE)}")
+    narrowing = {tuple(n.output) for n in _narrowing(graph)} if "narrowing" in kinds else set()
+    weights = {i.name for i in graph.initializer}
+    # by outputs, which name a node uniquely (protobuf hands out a new wrapper on each access)
+    return [n for n in graph.node if tuple(n.output) in narrowing
+            or ("attention" in kinds and n.op_type == "Attention" and n.input[1] in weights)]
+
+
+def activation_peaks(path: Path, feeds: Iterable[tuple[np.ndarray, np.ndarray]],
+                     kinds: Iterable[str] = ("narrowing",)) -> list[np.ndarray]:
+    """Per input channel, the largest |value| reaching each node of ``kinds`` (see
+    :func:`smooth_inputs`) in the graph at ``path`` over ``feeds`` (real tokens only, not
+    padding), in graph order: what :func:`smooth_inputs` needs."""
     import onnx
     import onnxruntime as ort
 
     model = onnx.load(str(path))
-    names = [n.input[0] for n in _narrowing(model.graph)]
-    for name in names:  # expose the MatMuls' inputs as outputs of the graph
+    names = list(dict.fromkeys(n.input[0] for n in _smoothable(model.graph, kinds)))
+    for name in names:  # expose the nodes' inputs as outputs of the graph
         model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     peaks: list[np.ndarray] = []
@@ -241,19 +274,24 @@ def activation_peaks(path: Path, feeds: Iterable[tuple[np.ndarray, np.ndarray]])
         peaks = batch if not peaks else [np.maximum(a, b) for a, b in zip(peaks, batch)]
     if not peaks:
         raise ValueError("no calibration inputs")
-    return peaks
+    by_name = dict(zip(names, peaks))
+    return [by_name[n.input[0]] for n in _smoothable(model.graph, kinds)]
 
 
-def smooth_narrowing(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float = SMOOTH_ALPHA) -> None:
-    """SmoothQuant (Xiao et al. 2023) for the FFN down-projections: the same function, easier
-    to quantise.
+def smooth_inputs(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float = SMOOTH_ALPHA,
+                  kinds: Iterable[str] = ("narrowing",)) -> None:
+    """SmoothQuant (Xiao et al. 2023) for the nodes of ``kinds``: the same function, easier to
+    quantise.
 
-    Their inputs, after the GELU, have a few channels with values far larger than the rest, and
-    dynamic int8 quantises a whole activation tensor with one scale, which rounds the other
-    channels away. Each input channel j is divided by s_j = peak_j^alpha / max|W_j|^(1-alpha)
-    (a Mul node before the MatMul) and the weight's row j multiplied by it: the product is
-    unchanged in float, and the activations' range is moved partly into the weights, which are
-    quantised per output channel. ``peaks``: :func:`activation_peaks` of ``src``.
+    Dynamic int8 quantises a whole activation tensor with one scale, which rounds away the
+    channels far smaller than the largest: the FFN down-projections' inputs, after the GELU,
+    have a few channels far larger than the rest, and the attention's input (a layer norm's
+    output) a milder spread. Each input channel j of a node is divided by
+    s_j = peak_j^alpha / max|W_j|^(1-alpha) (a Mul node before it, on that node's input only:
+    the same tensor also feeds the residual addition) and the weight's row j multiplied by it:
+    the product is unchanged in float, and the activations' range is moved partly into the
+    weights, which are quantised per output channel. ``peaks``: :func:`activation_peaks` of
+    ``src`` for the same ``kinds``.
     """
     import onnx
     from onnx import numpy_helper
@@ -261,7 +299,7 @@ def smooth_narrowing(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float
     model = onnx.load(str(src))
     graph = model.graph
     weights = {i.name: i for i in graph.initializer}
-    targets = _narrowing(graph)
+    targets = _smoothable(graph, kinds)
     if len(targets) != len(peaks):
         raise ValueError(f"{len(peaks)} calibration peaks for {len(targets)} layers")
     for node, peak in zip(targets, peaks):
@@ -269,7 +307,7 @@ def smooth_narrowing(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float
         s = (np.maximum(peak, 1e-5) ** alpha / np.maximum(np.abs(w).max(axis=1), 1e-5) ** (1 - alpha))
         weights[node.input[1]].CopyFrom(numpy_helper.from_array(w * s[:, None].astype(np.float32),
                                                                 node.input[1]))
-        inverse, smoothed = f"{node.name}.smooth_inverse", f"{node.input[0]}.smoothed"
+        inverse, smoothed = f"{node.name}.smooth_inverse", f"{node.name}.smoothed_input"
         graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inverse))
         graph.node.insert(list(graph.node).index(node),
                           onnx.helper.make_node("Mul", [node.input[0], inverse], [smoothed],
@@ -284,7 +322,7 @@ def quantize_int8(src: Path, dst: Path, *, attention: bool = True, narrowing: bo
     output channel (the activations: one scale per tensor, computed on each run).
 
     ``narrowing=False`` keeps the FFN down-projections float32: unless smoothed first
-    (:func:`smooth_narrowing`), their post-GELU inputs have a few large values that one
+    (:func:`smooth_inputs`), their post-GELU inputs have a few large values that one
     activation scale represents badly (torch's ``encoder._int8`` keeps them float32 too).
     ``attention=False`` keeps the fused attention's Q, K and V projection float32 (else it runs
     as QAttention). ``reduce_range`` (7-bit weights) avoids the saturation of AVX2's u8 x s8

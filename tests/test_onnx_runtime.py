@@ -114,16 +114,21 @@ def test_int8_recipes_for_student_queries_and_for_documents(tiny_model: Path, ti
     assert sum(n.op_type == "Mul" and n.name.endswith(".smooth") for n in graph.node) == layers
 
     # documents, and a document encoder's own queries, take the documents' recipe: the
-    # attention's Q, K, V and the narrowing FFN down-projections (in > out) stay float32
+    # attention's Q, K, V in int8 too, after smoothing their input; the narrowing FFN
+    # down-projections (in > out) stay float32
     teacher = Encoder.from_specs(str(tiny_model), runtime="onnx", query_quantize="int8", document_quantize="int8")
-    teacher.encode_documents(TEXTS)
+    d8 = teacher.encode_documents(TEXTS)
     teacher.encode_queries(TEXTS)
+    assert (d8 * fp32.encode_documents(TEXTS)).sum(1).min() > 0.95
     int8_graphs = [p for p in _graphs(fresh_machine) if "-int8-" in p.name and "-int8-query-" not in p.name]
     assert len(int8_graphs) == 1  # one graph for both sides
     graph, ops = _ops(int8_graphs[0])
     layers = 2  # the tiny model's
-    assert ops.count("MatMulInteger") == 2 * layers and ops.count("Attention") == layers
-    assert "QAttention" not in ops and not any(n.name.endswith(".smooth") for n in graph.node)
+    assert ops.count("MatMulInteger") == 2 * layers and ops.count("QAttention") == layers
+    assert "Attention" not in ops
+    attention = [n for n in graph.node if n.op_type == "QAttention"]
+    assert attention and all(".smoothed_input" in n.input[0] for n in attention)  # (then quantised)
+    assert sum(n.op_type == "Mul" and n.name.endswith(".smooth") for n in graph.node) == layers
     dims = {i.name: tuple(i.dims) for i in graph.initializer}
     float_matmuls = [dims[i] for n in graph.node if n.op_type == "MatMul" for i in n.input if i in dims]
     assert len(float_matmuls) == layers and all(d[0] > d[1] for d in float_matmuls)
@@ -135,19 +140,25 @@ def test_smoothing_keeps_the_float_function(tiny_model: Path, tmp_path: Path) ->
     enc = Encoder.from_specs(str(tiny_model), query_quantize="none")
     feeds = list(enc.query.calibration_feeds())
     assert feeds and all(e.shape[:2] == m.shape for e, m in feeds)
-    raw, smoothed = tmp_path / "fp32.onnx", tmp_path / "smoothed.onnx"
+    raw = tmp_path / "fp32.onnx"
     onnx_runtime.export_fused(enc.query.model, raw)
-    peaks = onnx_runtime.activation_peaks(raw, feeds)
-    assert len(peaks) == 2 and all(p.shape == (64,) and (p > 0).all() for p in peaks)  # inner width 64
-    onnx_runtime.smooth_narrowing(raw, smoothed, peaks, alpha=0.75)
-    before, after = onnx_runtime.OnnxLayers(raw), onnx_runtime.OnnxLayers(smoothed)
-    for embeds, mask in feeds:
-        np.testing.assert_allclose(after(embeds, mask), before(embeds, mask), rtol=1e-4, atol=1e-5)
-    spread = [p.max() / np.median(p) for p in peaks]
-    spread_after = [p.max() / np.median(p) for p in onnx_runtime.activation_peaks(smoothed, feeds)]
-    assert all(b < a for a, b in zip(spread, spread_after))
+    before = onnx_runtime.OnnxLayers(raw)
+    widths = {("narrowing",): [64, 64], onnx_runtime.SMOOTHABLE: [32, 64, 32, 64]}  # graph order
+    for kinds, width in widths.items():
+        smoothed = tmp_path / f"smoothed-{len(kinds)}.onnx"
+        peaks = onnx_runtime.activation_peaks(raw, feeds, kinds)
+        assert [len(p) for p in peaks] == width and all((p > 0).all() for p in peaks)
+        onnx_runtime.smooth_inputs(raw, smoothed, peaks, alpha=0.75, kinds=kinds)
+        after = onnx_runtime.OnnxLayers(smoothed)
+        for embeds, mask in feeds:
+            np.testing.assert_allclose(after(embeds, mask), before(embeds, mask), rtol=1e-4, atol=1e-5)
+        spread = [p.max() / np.median(p) for p in peaks]
+        spread_after = [p.max() / np.median(p) for p in onnx_runtime.activation_peaks(smoothed, feeds, kinds)]
+        assert all(b < a for a, b in zip(spread, spread_after))
     with pytest.raises(ValueError, match="1 calibration peaks for 2 layers"):
-        onnx_runtime.smooth_narrowing(raw, tmp_path / "x.onnx", peaks[:1])
+        onnx_runtime.smooth_inputs(raw, tmp_path / "x.onnx", peaks[:1])
+    with pytest.raises(ValueError, match="cannot smooth"):
+        onnx_runtime.activation_peaks(raw, feeds, ["layernorm"])
 
 
 def test_xlm_roberta_graph_gives_torch_vectors(tiny_model: Path, tmp_path: Path) -> None:
@@ -273,7 +284,7 @@ def test_shipped_student_under_onnx_runtime(built_me5: Path) -> None:
     assert (np.argmax(scores8, axis=1) == np.argmax(scores, axis=1))[clear].all()
 
 
-def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path,
+def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path, fresh_machine: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """An index of int8 documents says so (and by which recipe); later runs use it, and refuse
     to mix in fp32 ones or another recipe's."""
@@ -304,15 +315,35 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path,
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["search", "wasser", "--json", *common])
     assert result.exit_code == 0 and len(json.loads(result.output)["hits"]) == 2
-    # a later vecplug whose documents' recipe changed: searching goes on, adding is refused
-    with monkeypatch.context() as later:
-        later.setattr(onnx_runtime, "DOCUMENT_INT8_VERSION", onnx_runtime.DOCUMENT_INT8_VERSION + 1)
+    # an older vecplug, which does not know this recipe version: searching goes on, adding is
+    # refused, with both named
+    version = onnx_runtime.DOCUMENT_INT8_VERSION
+    with monkeypatch.context() as older:
+        older.setattr(onnx_runtime, "DOCUMENT_INT8_RECIPES",
+                      {v: r for v, r in onnx_runtime.DOCUMENT_INT8_RECIPES.items() if v < version})
         assert runner.invoke(cli, ["search", "wasser", *common]).exit_code == 0
         (corpus / "b2.txt").write_text("the fox jumps\n", encoding="utf-8")
         result = runner.invoke(cli, ["index", str(corpus), "-q", *common])
         assert result.exit_code != 0 and "int8 recipe mismatch" in result.output
-        assert "version 1" in result.output and "version 2" in result.output
+        assert f"version {version}, which this vecplug does not know (it knows {version - 1})" in result.output
         (corpus / "b2.txt").unlink()
+    # an index of the previous version's int8 documents keeps taking new documents, encoded
+    # by that version's recipe (its own cached graph), so that its vectors never mix two
+    old = ["--index", str(tmp_path / "old"), "--model", str(tiny_model)]
+    with monkeypatch.context() as earlier:
+        earlier.setattr(onnx_runtime, "DOCUMENT_INT8_VERSION", version - 1)
+        result = runner.invoke(cli, ["index", str(corpus), "-q", "--int8-documents", "--runtime", "onnx", *old])
+        assert result.exit_code == 0, result.output
+    recipe = onnx_runtime.DOCUMENT_INT8_RECIPES[version - 1]
+    assert [p for p in (fresh_machine / "onnx").glob(f"*-{recipe}-*.onnx")]
+    (corpus / "b3.txt").write_text("el zorro salta\n", encoding="utf-8")
+    built = set((fresh_machine / "onnx").glob("*.onnx"))
+    result = runner.invoke(cli, ["index", str(corpus), "-q", *old])
+    assert result.exit_code == 0, result.output
+    assert set((fresh_machine / "onnx").glob("*.onnx")) == built  # no graph of another recipe
+    info = json.loads(runner.invoke(cli, ["info", "--json", *old]).output)
+    assert info["manifest"]["document_int8_version"] == version - 1 and info["documents"] == 3
+    (corpus / "b3.txt").unlink()
     # int8 documents into an index of float32 ones: a mismatch, named
     (corpus / "c.txt").write_text("el agua hierve a cien grados\n", encoding="utf-8")
     fp32_index = ["--index", str(tmp_path / "fp32"), "--model", str(tiny_model)]

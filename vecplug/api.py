@@ -137,7 +137,8 @@ class Index:
                 query_max_length=m.query_max_length, document_max_length=m.document_max_length,
                 query_quantize=m.query_quantize,
                 document_quantize=m.document_quantize or built.get("document_quantize"),
-                runtime=m.runtime or built.get("runtime") or "torch", **prefixes)
+                runtime=m.runtime or built.get("runtime") or "torch",
+                document_int8_version=built_int8_version(built), **prefixes)
             if built:
                 check_encoder(built, encoder.describe())
             check_query_encoder(encoder.describe())
@@ -403,13 +404,19 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
                                      f"but this run uses {right}")
 
 
+def built_int8_version(built: dict[str, Any]) -> int | None:
+    """The version of the documents' int8 recipe an index was built with (None: not int8)."""
+    if built.get("document_quantize") != "int8":
+        return None
+    return int(built.get("document_int8_version") or 1)  # indexes from before it was recorded: 1
+
+
 def check_document_recipe(built: dict[str, Any], current: dict[str, Any]) -> None:
     """Refuse to add documents encoded by another version of the int8 recipe than the index's
-    (searching it stays allowed: queries are not encoded by that recipe)."""
-    if built.get("document_quantize") != "int8":
-        return
-    version = built.get("document_int8_version") or 1  # indexes from before it was recorded: 1
-    if version != current.get("document_int8_version"):
+    (the encoder opened for an index takes its version; a version this vecplug does not know
+    is refused when the encoder loads: ``Encoder.document``)."""
+    version = built_int8_version(built)
+    if version is not None and version != current.get("document_int8_version"):
         raise ModelMismatchError(
             f"document int8 recipe mismatch: the index's documents were encoded with int8 recipe "
             f"version {version}, but this vecplug encodes with version {current.get('document_int8_version')}; "
