@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,3 +48,21 @@ def exact_map_at_k(scores: Any, doc_ids: Sequence[str], relevant: Sequence[set[s
     top = np.argpartition(-scores, k, axis=1)[:, :k] if scores.shape[1] > k else np.argsort(-scores, axis=1)
     top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
     return float(np.mean([average_precision_at_k(list(ids[t]), rel, k) for t, rel in zip(top, relevant)]))
+
+
+def measure_matmul_gflops(threads: int, size: int = 2048, repeats: int = 8) -> dict[str, float]:
+    """fp32 ``size`` x ``size`` matrix multiply on ``threads`` threads: best and median GFLOP/s."""
+    import torch
+
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.rand(size, size, generator=gen)
+    b = torch.rand(size, size, generator=gen)
+    torch.mm(a, b)  # warm-up: thread pool, caches
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        rates.append(2.0 * size ** 3 / (time.perf_counter() - t0) / 1e9)
+    return {"size": size, "repeats": repeats, "best_gflops": max(rates),
+            "median_gflops": statistics.median(rates)}

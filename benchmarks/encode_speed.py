@@ -61,6 +61,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # no-op when run as a script
 
 from bench_common import (  # noqa: E402
+    measure_matmul_gflops,
     fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
@@ -149,24 +150,6 @@ def model_shape(folder: Path) -> dict[str, int]:
     config = json.loads((folder / "config.json").read_text())
     return {"layers": int(config["num_hidden_layers"]), "hidden": int(config["hidden_size"]),
             "intermediate": int(config["intermediate_size"])}
-
-
-def measure_matmul_gflops(threads: int, size: int = 2048, repeats: int = 8) -> dict[str, float]:
-    """fp32 ``size`` x ``size`` matrix multiply on ``threads`` threads: best and median GFLOP/s."""
-    import torch
-
-    torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    a = torch.rand(size, size, generator=gen)
-    b = torch.rand(size, size, generator=gen)
-    torch.mm(a, b)  # warm-up: thread pool, caches
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        rates.append(2.0 * size ** 3 / (time.perf_counter() - t0) / 1e9)
-    return {"size": size, "repeats": repeats, "best_gflops": max(rates),
-            "median_gflops": statistics.median(rates)}
 
 
 # -- engines --------------------------------------------------------------------------------

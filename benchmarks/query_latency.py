@@ -33,7 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import header_markdown, machine_info, markdown_table, percentile, run_main  # noqa: E402
+from bench_common import (  # noqa: E402
+    header_markdown, machine_info, markdown_table, measure_matmul_gflops, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
 
@@ -101,6 +102,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     info = machine_info()
     print(header_markdown("Query latency, end to end", info), flush=True)
+    # this machine's speed moves by up to 2x within minutes: the rate of a plain matrix multiply
+    # on the one-at-a-time rows' thread, before and after, says how fast it ran meanwhile
+    speed = {"before": measure_matmul_gflops(1)}
     data = load_xquad_r(args.data, args.langs)
     questions = [q.text for lang in data.langs for q in data.by_lang[lang].questions]
     rng = np.random.default_rng(0)
@@ -137,9 +141,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 seconds = time.perf_counter() - t0
                 rows.append({"query_encoder": spec, "stage": "xy, batched", "threads": threads,
                              "queries_per_s": len(batch) / seconds, "batch": len(batch)})
+    speed["after"] = measure_matmul_gflops(1)
     return {"benchmark": "query_latency", "machine": info, "langs": data.langs, "documents": documents,
             "debias": debias, "queries": len(sample), "rerank_depth": args.rerank_depth, "rows": rows,
-            "linears": linears}
+            "linears": linears, "matmul_1_thread": speed}
 
 
 def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
@@ -182,10 +187,20 @@ def render(r: dict[str, Any]) -> str:
         f"{r['queries']} questions of every language, in-process `Index.search` (language detection, "
         f"encoding, search, records; the teacher rerank re-scores the top {r['rerank_depth']}). "
         "queries/s of a one-at-a-time row is 1 / mean latency; 'batched' is `search_batch`.",
-        "", markdown_table(headers, rows, "llrrrr"), "",
+        "", markdown_table(headers, rows, "llrrrr"), "", *_speed_line(r.get("matmul_1_thread")),
         *[f"- {spec}: its {x['layers']} linear layers{_int8_share(x)} alone, on one query of {x['tokens']} tokens (the "
           f"median) on one thread: {x['ms']:.1f} ms for {x['mflop']:.0f} MFLOP, {x['gflops']:.0f} GFLOP/s"
           for spec, x in r.get("linears", {}).items() if x]])
+
+
+def _speed_line(speed: dict[str, Any] | None) -> list[str]:
+    """The machine's speed during the run (results written before it was measured lack it)."""
+    if not speed:
+        return []
+    b, a = speed["before"], speed["after"]
+    return [f"- this machine's speed: fp32 {b['size']}x{b['size']} matrix multiply on one thread, median "
+            f"{b['median_gflops']:.0f} GFLOP/s before the runs and {a['median_gflops']:.0f} after "
+            f"(best {b['best_gflops']:.0f} / {a['best_gflops']:.0f})"]
 
 
 def _int8_share(x: dict[str, Any]) -> str:

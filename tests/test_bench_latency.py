@@ -34,3 +34,18 @@ def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny
     y = bench.linear_time(_int8(model), tokens=7, reps=3)
     assert y["layers"] == 12 and y["int8"] == 10 and y["mflop"] == pytest.approx(x["mflop"])
     assert bench.linear_time(torch.nn.Sequential(torch.nn.ReLU()), tokens=7) is None
+
+
+def test_the_report_says_how_fast_the_machine_ran(bench: ModuleType) -> None:
+    """The machine's matrix-multiply rate, measured before and after the rows, is in the
+    report; results written before it was measured still render."""
+    from bench_common import measure_matmul_gflops
+
+    speed = measure_matmul_gflops(1, size=128, repeats=2)
+    assert speed["best_gflops"] >= speed["median_gflops"] > 0
+    result = {"documents": 3, "langs": ["en"], "debias": True, "queries": 1, "rerank_depth": 50,
+              "rows": [{"query_encoder": "m", "stage": "encode", "threads": 1, "p50_ms": 1.0,
+                        "p95_ms": 2.0, "mean_ms": 1.5}], "linears": {}}
+    assert "this machine's speed" not in bench.render(result)
+    text = bench.render({**result, "matmul_1_thread": {"before": speed, "after": {**speed, "median_gflops": 99.0}}})
+    assert "matrix multiply on one thread" in text and "and 99 after" in text
