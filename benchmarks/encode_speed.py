@@ -61,8 +61,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # no-op when run as a script
 
 from bench_common import (  # noqa: E402
-    measure_matmul_gflops,
-    fmt, header_markdown, machine_info, markdown_table, pct, percentile, run_main)
+    fmt, header_markdown, machine_info, markdown_table, measure_matmul_gflops, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
 ENGINES = ("vecplug", "vecplug-int8", "vecplug-onnx", "vecplug-onnx-int8", "sentence-transformers",
