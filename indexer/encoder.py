@@ -37,8 +37,8 @@ class SharedTokenizer:
     """A tokenizer loaded once per process for every encoder that reads its folder, with a lock.
 
     A multilingual tokenizer is big (me5-small's 250k-piece one holds ~310 MiB in memory, about
-    as much as the vocabulary table; benchmarks/model_memory.py), and a student uses its teacher's: loading it once saves
-    that much wherever both encode. The lock: a fast tokenizer keeps its truncation length as
+    as much as the vocabulary table; benchmarks/model_memory.py), and a student uses its
+    teacher's: loading it once saves that much wherever both encode. The lock: a fast tokenizer keeps its truncation length as
     state of the Rust object, set by each call, so two calls with different limits (a query's
     64 tokens, a document's 256, the chunker's none) must not interleave across threads.
     """

@@ -105,8 +105,6 @@ def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds
     if quantize is not None and quantize not in INT8_RECIPES:
         raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
     recipe = INT8_RECIPES.get(quantize or "")
-    if recipe and recipe["smooth"] and calibration is None:
-        raise ValueError(f"{quantize} needs calibration inputs")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
         final = fused = Path(tmp) / "fused.onnx"
@@ -262,7 +260,8 @@ def activation_peaks(path: Path, feeds: Iterable[tuple[np.ndarray, np.ndarray]],
     import onnxruntime as ort
 
     model = onnx.load(str(path))
-    names = list(dict.fromkeys(n.input[0] for n in _smoothable(model.graph, kinds)))
+    inputs = [n.input[0] for n in _smoothable(model.graph, kinds)]
+    names = list(dict.fromkeys(inputs))
     for name in names:  # expose the nodes' inputs as outputs of the graph
         model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -275,7 +274,7 @@ def activation_peaks(path: Path, feeds: Iterable[tuple[np.ndarray, np.ndarray]],
     if not peaks:
         raise ValueError("no calibration inputs")
     by_name = dict(zip(names, peaks))
-    return [by_name[n.input[0]] for n in _smoothable(model.graph, kinds)]
+    return [by_name[name] for name in inputs]
 
 
 def smooth_inputs(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float = SMOOTH_ALPHA,

@@ -169,7 +169,6 @@ class Index:
         if not self.writable:
             raise VecplugError("the index was opened read-only")
         encoder = self.encoder
-        check_document_recipe(self.manifest, encoder.describe())
         try:
             return pipeline.run(
                 documents, encoder, self.store, Record.from_document, self.detector.detect,
@@ -405,22 +404,13 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
 
 
 def built_int8_version(built: dict[str, Any]) -> int | None:
-    """The version of the documents' int8 recipe an index was built with (None: not int8)."""
+    """The version of the documents' int8 recipe an index was built with (None: not int8).
+    The index's encoder encodes new documents with that version's recipe, so an index never
+    mixes two recipes' vectors; one this vecplug does not know is refused when the encoder
+    loads (``Encoder.document``)."""
     if built.get("document_quantize") != "int8":
         return None
     return int(built.get("document_int8_version") or 1)  # indexes from before it was recorded: 1
-
-
-def check_document_recipe(built: dict[str, Any], current: dict[str, Any]) -> None:
-    """Refuse to add documents encoded by another version of the int8 recipe than the index's
-    (the encoder opened for an index takes its version; a version this vecplug does not know
-    is refused when the encoder loads: ``Encoder.document``)."""
-    version = built_int8_version(built)
-    if version is not None and version != current.get("document_int8_version"):
-        raise ModelMismatchError(
-            f"document int8 recipe mismatch: the index's documents were encoded with int8 recipe "
-            f"version {version}, but this vecplug encodes with version {current.get('document_int8_version')}; "
-            "rebuild the index into a new folder to add documents")
 
 
 def check_query_encoder(current: dict[str, Any]) -> None:
