@@ -101,6 +101,12 @@ def test_shrinkage_keeps_a_lone_document() -> None:
     assert means.of("xx") == pytest.approx((np.asarray([0, 1]) + SHRINK * glob) / (1 + SHRINK))
     assert means.of(None) == pytest.approx(glob)  # unknown language: the overall mean
     assert np.linalg.norm(means.centre(np.asarray([[0, 1]], np.float32), ["xx"])) == pytest.approx(1.0)
+    # each row is centred by its own language's mean (none or unknown: the overall mean)
+    rows = np.asarray([[1, 0], [0, 1], [1, 1], [0.5, 0.5]], np.float32)
+    langs = ["xx", "en", None, "zz"]
+    want = rows - np.stack([means.of(lang) for lang in langs])
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(means.centre(rows, langs), want, rtol=1e-6)
 
 
 def test_pipeline_keeps_stats_in_step(tmp_path: Path, fake_encoder) -> None:

@@ -160,6 +160,24 @@ def test_candidates_then_hits_is_search(target: tuple[type, str, dict[str, Any]]
 
 
 @pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client
+def test_candidates_per_language_is_each_language_alone(target: tuple[type, str, dict[str, Any]]) -> None:
+    """One call for several languages gives each language's own candidates, in the order the
+    languages were asked; an unknown language adds nothing."""
+    vecs = unit_vectors(90, DIM, seed=6)
+    q = unit_vectors(1, DIM, seed=7)[0]
+    with committed(target, vecs) as store:
+        langs = ["zh", "de", "xx", "und"]
+        got = store.candidates_per_language(q, 4, langs)
+        want = [c for lang in langs for c in store.candidates(q, 4, [lang])]
+        assert len(want) == 12
+        assert [(c.lang or "und", c.score) for c in got] == [(c.lang or "und", pytest.approx(c.score, abs=1e-6))
+                                                            for c in want]
+        np.testing.assert_allclose(np.stack([c.vector for c in got]), np.stack([c.vector for c in want]), atol=1e-6)
+        assert [h.record for h in store.hits(got)] == [h.record for h in store.hits(want)]
+        assert store.candidates_per_language(q, 4, []) == []
+
+
+@pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client
 def test_search_breadth_per_query(target: tuple[type, str, dict[str, Any]]) -> None:
     """``ef`` is accepted by every store, and a wide search finds the exact neighbours."""
     vecs = unit_vectors(400, DIM, seed=3)

@@ -73,6 +73,15 @@ def row_dots(rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
     return np.einsum("ij,j->i", rows, vector)
 
 
+def column_dots(columns: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """``columns.T @ vector`` for vectors kept as the columns of a C-contiguous ``(dim, n)``
+    array, in the calling thread like :func:`row_dots`, and about twice its speed on many
+    vectors: einsum's inner loop then runs along ``n`` contiguous floats (an axpy per
+    dimension, which vectorises) instead of a short dot product per row (7,308 x 384:
+    0.33 against 0.55-0.63 ms on one core here)."""
+    return np.einsum("j,ji->i", vector, columns)
+
+
 def search(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str] | None = None,
            ef: int | None = None) -> list[StoreHit]:
     """``store.search``, passing ``ef`` only when set, so a plugin's store written before the
@@ -153,6 +162,17 @@ class VectorStore(ABC):
         missing = [h.record.id for h in hits if h.vector is None]
         vecs = dict(zip(missing, self.vectors(missing))) if missing else {}
         return [Candidate(h, h.record.lang, h.score, vecs.get(h.record.id, h.vector)) for h in hits]
+
+    def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
+                                ef: int | None = None) -> list[Candidate]:
+        """:meth:`candidates` for each language of ``langs`` on its own (up to ``k`` of each,
+        their lists one after the other): what the language-bias correction rescores. This
+        default asks once per language; a store may answer all in one call (hnswlib: one lock,
+        one check for a newer commit)."""
+        out: list[Candidate] = []
+        for lang in langs:
+            out += self.candidates(vector, k, [lang], ef=ef)
+        return out
 
     def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
         """Candidates of :meth:`candidates` as hits, in the order and with the scores given."""

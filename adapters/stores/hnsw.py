@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
-                                          row_dots)
+                                          column_dots)
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -141,6 +141,7 @@ class HnswStore(VectorStore):
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
         self._broken = False  # a commit failed: no more writes through this handle
+        # per language set: labels, and their vectors as columns or (too many) a set of labels
         self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
 
     # -- lifecycle ---------------------------------------------------------
@@ -468,17 +469,32 @@ class HnswStore(VectorStore):
         """Keyed by label. The language is the filter's when it names one, else one light
         query for the labels' languages (no payload, no checksum)."""
         with self._mutex:
-            pairs, vectors = self._nearest(vector, k, langs, ef)
-            if not pairs:
+            row = self._query_row(vector)
+            return self._candidates(row, k, langs, ef) if row is not None else []
+
+    def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
+                                ef: int | None = None) -> list[Candidate]:
+        """One lock and one look for a newer commit for every language (a corrected search of
+        six languages spent ~0.1 ms a language on them)."""
+        with self._mutex:
+            row = self._query_row(vector)
+            if row is None:
                 return []
-            if vectors is None:  # a graph walk: the vectors from the graph
-                vectors = _items(self._index, [lab for lab, _ in pairs])
-            if langs and len(set(langs)) == 1:
-                lang_of = dict.fromkeys((lab for lab, _ in pairs), langs[0])
-            else:
-                marks = ",".join("?" * len(pairs))
-                lang_of = dict(self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE label IN ({marks})",
-                                         [lab for lab, _ in pairs]))
+            return [c for lang in langs for c in self._candidates(row, k, [lang], ef)]
+
+    def _candidates(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
+                    ef: int | None) -> list[Candidate]:
+        pairs, vectors = self._nearest_to(row, k, langs, ef)
+        if not pairs:
+            return []
+        if vectors is None:  # a graph walk: the vectors from the graph
+            vectors = _items(self._index, [lab for lab, _ in pairs])
+        if langs and len(set(langs)) == 1:
+            lang_of = dict.fromkeys((lab for lab, _ in pairs), langs[0])
+        else:
+            marks = ",".join("?" * len(pairs))
+            lang_of = dict(self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE label IN ({marks})",
+                                     [lab for lab, _ in pairs]))
         return [Candidate(lab, lang_of.get(lab), score, vectors[i]) for i, (lab, score) in enumerate(pairs)]
 
     def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
@@ -486,30 +502,42 @@ class HnswStore(VectorStore):
             return self._hits([(c.key, c.score) for c in candidates],
                               np.stack([c.vector for c in candidates]) if candidates else None)
 
+    def _query_row(self, vector: np.ndarray) -> np.ndarray | None:
+        """The query as a float32 ``(1, dim)`` row, once this reader follows the last commit;
+        None when the index is empty. Under the mutex."""
+        row = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+        if row.shape[1] != self.dim:
+            raise ModelMismatchError(f"query vector has dimension {row.shape[1]}, "
+                                     f"the index at {self.folder} has {self.dim}")
+        self._refresh()
+        return None if self._index is None else row
+
     def _nearest(self, vector: np.ndarray, k: int, langs: Sequence[str] | None,
                  ef: int | None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
         """(label, score) of the ``k`` nearest, with their vectors when at hand (exact
         filtered search). Under the mutex."""
-        vector = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-        if vector.shape[1] != self.dim:
-            raise ModelMismatchError(f"query vector has dimension {vector.shape[1]}, "
-                                     f"the index at {self.folder} has {self.dim}")
-        self._refresh()
-        if self._index is None or k <= 0:
+        row = self._query_row(vector)
+        return self._nearest_to(row, k, langs, ef) if row is not None else ([], None)
+
+    def _nearest_to(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
+                    ef: int | None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
+        """:meth:`_nearest` for a row of :meth:`_query_row`."""
+        if k <= 0:
             return [], None
         if langs:
             key = tuple(sorted(set(langs)))
             if key not in self._filter_cache:
                 self._filter_cache[key] = self._filter_candidates(key)
-            labels, vecs_or_set = self._filter_cache[key]
+            labels, columns_or_set = self._filter_cache[key]
             if not len(labels):
                 return [], None
-            if not isinstance(vecs_or_set, np.ndarray):
-                return self._filtered_knn(vector, k, vecs_or_set, ef), None
-            scores = row_dots(vecs_or_set, vector[0])
+            if not isinstance(columns_or_set, np.ndarray):
+                return self._filtered_knn(row, k, columns_or_set, ef), None
+            scores = column_dots(columns_or_set, row[0])
             top = _top_k(scores, k)
-            return [(int(labels[i]), float(scores[i])) for i in top], vecs_or_set[top]
-        return self._knn(vector, k, None, ef), None
+            return ([(int(labels[i]), float(scores[i])) for i in top],
+                    np.ascontiguousarray(columns_or_set[:, top].T))
+        return self._knn(row, k, None, ef), None
 
     def _filtered_knn(self, vector: np.ndarray, k: int, allowed: frozenset[int],
                       ef: int | None) -> list[tuple[int, float]]:
@@ -549,8 +577,9 @@ class HnswStore(VectorStore):
                 k = max(1, k // 2)
 
     def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
-        """Labels of the records in ``langs``, with their vectors when few enough for exact
-        search, else the labels as a set for the graph walk's filter.
+        """Labels of the records in ``langs``, with their vectors (as the columns of a
+        ``(dim, n)`` array, for :func:`column_dots`) when few enough for exact search, else the
+        labels as a set for the graph walk's filter.
 
         Cached per language set until the next write: a filtered query then costs one
         matrix-vector product (or set lookups) instead of a database scan and a copy out of
@@ -562,8 +591,7 @@ class HnswStore(VectorStore):
             dtype=np.int64)
         if len(labels) > EXACT_FILTER_LIMIT:
             return labels, frozenset(labels.tolist())
-        vecs = _items(self._index, labels.tolist())
-        return labels, vecs
+        return labels, np.ascontiguousarray(_items(self._index, labels.tolist()).T)
 
     def _hits(self, pairs: list[tuple[int, float]], vectors: np.ndarray | None = None) -> list[StoreHit]:
         if not pairs:
