@@ -2,9 +2,11 @@
 # Quality of the encoders' runtimes and quantisations on XQuAD-R (six languages pooled): the
 # shipped student's queries in torch fp32 / torch int8 / ONNX Runtime fp32 / ONNX Runtime int8
 # against the same me5-small documents, X-Y with and without the language-bias correction;
-# then me5-small documents in ONNX Runtime int8 (a second index), searched by the fp32 teacher.
+# the teacher's own queries in fp32 / torch int8 / ONNX Runtime int8 (`--int8` with a document
+# encoder as query encoder); then me5-small documents in ONNX Runtime int8 (a second index),
+# searched by the fp32 teacher.
 # Writes benchmarks/results/eval_onnx/<run>/report.md and .json and a summary, eval_onnx.md.
-# About 20 minutes on a 2-core machine (two indexes of 7,308 sentences); run nothing else meanwhile.
+# About 25 minutes on a 2-core machine (two indexes of 7,308 sentences); run nothing else meanwhile.
 # Needs: pip install 'vecplug[onnx]'.
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
 #      INDEX, INDEX_INT8 (default: temporary folders; give them to reuse the encoded pools;
@@ -37,6 +39,8 @@ run() {  # name, index, encoder, then VAR=value settings for this run
     run student-onnx-fp32 "$index" "$STUDENT" VECPLUG_MODEL_RUNTIME=onnx VECPLUG_MODEL_QUERY_QUANTIZE=none
     run student-onnx-int8 "$index" "$STUDENT" VECPLUG_MODEL_RUNTIME=onnx VECPLUG_MODEL_QUERY_QUANTIZE=int8
     run teacher-documents-fp32 "$index" me5-small VECPLUG_MODEL_RUNTIME=torch VECPLUG_MODEL_QUERY_QUANTIZE=none
+    run teacher-queries-torch-int8 "$index" me5-small VECPLUG_MODEL_RUNTIME=torch VECPLUG_MODEL_QUERY_QUANTIZE=int8
+    run teacher-queries-onnx-int8 "$index" me5-small VECPLUG_MODEL_RUNTIME=onnx VECPLUG_MODEL_QUERY_QUANTIZE=int8
     run teacher-documents-onnx-int8 "$index_int8" me5-small VECPLUG_MODEL_RUNTIME=onnx \
         VECPLUG_MODEL_QUERY_QUANTIZE=none VECPLUG_MODEL_DOCUMENT_QUANTIZE=int8
 } > "$out/eval_onnx.md"
