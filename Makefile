@@ -8,7 +8,7 @@ DEMO_INDEX ?= .demo-index
 # torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs)
 TORCH ?= torch==2.13.0
 
-.PHONY: setup models demo test test-fast bench bench-speed bench-students bench-students-dim bench-eval clean
+.PHONY: setup models demo test test-fast bench bench-speed bench-students bench-students-dim bench-students-ffn bench-eval clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +51,10 @@ bench-students: models
 
 bench-students-dim: models
 	bash benchmarks/students_dim.sh
+
+bench-students-ffn: models
+	$(BIN)/python -m pip install -q -e '.[onnx]'
+	bash benchmarks/students_ffn.sh
 
 bench-eval: models
 	bash benchmarks/eval.sh

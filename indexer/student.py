@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,54 @@ def make_student(teacher: Any, layers: list[int]) -> Any:
     student.train()
     torch.manual_seed(0)
     return student
+
+
+def prune_ffn(model: Any, width: int, batches: Iterable[dict[str, Any]]) -> None:
+    """Keep ``width`` of each layer's feed-forward neurons, in place: those that add the most
+    to the layer's output on ``batches`` (model inputs: ``input_ids``, ``attention_mask``).
+
+    A neuron's contribution is its mean absolute activation over the real tokens times the
+    norm of its column in the down-projection. The FFN is two thirds of a layer's multiplies
+    at me5-small's shape (384 -> 1536 -> 384), so half the width is a third fewer FLOPs per
+    query; the student is then trained as usual, from these neurons.
+    """
+    import torch
+
+    layers = _encoder_layers(model)
+    full = int(model.config.intermediate_size)
+    if not 1 <= width <= full:
+        raise ModelError(f"--ffn-width must be between 1 and the model's {full}, not {width}")
+    sums = [torch.zeros(full) for _ in layers]
+    masks: list[Any] = []
+
+    def record(i: int) -> Any:
+        def hook(_module: Any, _inputs: Any, out: Any) -> None:
+            m = masks[-1].unsqueeze(-1).to(out.dtype)
+            sums[i] += (out.detach().abs() * m).sum(dim=(0, 1))
+        return hook
+
+    hooks = [layer.intermediate.register_forward_hook(record(i)) for i, layer in enumerate(layers)]
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                masks.append(batch["attention_mask"])
+                model(**batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    for i, layer in enumerate(layers):
+        up, down = layer.intermediate.dense, layer.output.dense
+        importance = sums[i] * down.weight.detach().norm(dim=0)
+        keep = torch.sort(torch.topk(importance, width).indices).values
+        new_up = torch.nn.Linear(up.in_features, width, dtype=up.weight.dtype)
+        new_down = torch.nn.Linear(width, down.out_features, dtype=down.weight.dtype)
+        with torch.no_grad():
+            new_up.weight.copy_(up.weight[keep])
+            new_up.bias.copy_(up.bias[keep])
+            new_down.weight.copy_(down.weight[:, keep])
+            new_down.bias.copy_(down.bias)
+        layer.intermediate.dense, layer.output.dense = new_up, new_down
+    model.config.intermediate_size = width
 
 
 def _takes_pooler(model: Any) -> bool:

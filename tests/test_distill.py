@@ -181,3 +181,58 @@ def test_lower_dimension_student(tiny_model: Path, texts_file: Path, tmp_path: P
     assert hits[0]["source"] == "2.txt"
     res = runner.invoke(cli, ["search", "water", "--query-encoder", str(tiny_model)])
     assert res.exit_code != 0 and "projection mismatch" in res.output
+
+
+def test_pruned_feed_forward_keeps_the_neurons_that_count(tiny_model: Path) -> None:
+    """Neurons whose output weights are zero add nothing: pruning to the others leaves the
+    model's output exactly as it was, and the config says the new width."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from vecplug.indexer.student import prune_ffn
+
+    model = AutoModel.from_pretrained(str(tiny_model)).eval()
+    full = model.config.intermediate_size
+    dead = torch.arange(full) % 2 == 1  # every other neuron silenced
+    with torch.no_grad():
+        for layer in model.encoder.layer:
+            layer.output.dense.weight[:, dead] = 0.0
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    batch = dict(tok(TINY_TEXT, padding=True, return_tensors="pt"))
+    with torch.inference_mode():
+        before = model(**batch).last_hidden_state
+    prune_ffn(model, full // 2, [batch])
+    assert model.config.intermediate_size == full // 2
+    for layer in model.encoder.layer:
+        assert layer.intermediate.dense.weight.shape == (full // 2, model.config.hidden_size)
+        assert bool((layer.output.dense.weight != 0).all())  # only live neurons were kept
+    with torch.inference_mode():
+        after = model(**batch).last_hidden_state
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    with pytest.raises(Exception, match="ffn-width must be between 1 and"):
+        prune_ffn(model, full, [batch])
+
+
+def test_narrow_student_distils_and_loads(tiny_model: Path, texts_file: Path) -> None:
+    """``vecplug distill --ffn-width``: the student's config and record say the width, and it
+    loads and encodes as any student does."""
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+    from vecplug.indexer.encoder import Encoder
+    from vecplug.indexer.models import models_dir
+
+    res = CliRunner().invoke(cli, ["distill", "--teacher", str(tiny_model), "-k", "1", "--texts", str(texts_file),
+                                   "--epochs", "6", "--batch-size", "8", "--lr", "1e-3", "--ffn-width", "8", "-q"])
+    assert res.exit_code == 0, res.output
+    out = models_dir() / f"{tiny_model.name}-student-k1-w8"
+    assert str(out) in res.output
+    assert json.loads((out / "config.json").read_text())["intermediate_size"] == 8
+    assert json.loads((out / "student.json").read_text())["ffn_width"] == 8
+    enc = Encoder.from_specs(str(tiny_model), str(out))
+    docs, queries = enc.encode_documents(TINY_TEXT), enc.encode_queries(TINY_TEXT)
+    assert float((docs * queries).sum(1).mean()) > 0.8  # it learned the teacher's space
+    res = CliRunner().invoke(cli, ["distill", "--teacher", str(tiny_model), "-k", "1", "--texts", str(texts_file),
+                                   "--ffn-width", "100000", "-q"])
+    assert res.exit_code != 0 and "--ffn-width must be between 1 and the teacher's" in res.output
+    assert not list(models_dir().glob("*-work"))  # refused before any work
