@@ -136,7 +136,10 @@ def build_examples(config: DistillConfig) -> tuple[list[str], list[str], dict[st
 
 def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in asdict(config).items() if k != "checkpoint_every"},
+    # fields added later count only when set: a run checkpointed before they existed resumes
+    later = {"ffn_width": None}
+    h.update(json.dumps({k: v for k, v in asdict(config).items()
+                         if k != "checkpoint_every" and not (k in later and v == later[k])},
                         sort_keys=True).encode())
     h.update(teacher_sum.encode())
     for a, b in zip(inputs, targets):

@@ -236,3 +236,21 @@ def test_narrow_student_distils_and_loads(tiny_model: Path, texts_file: Path) ->
                                    "--ffn-width", "100000", "-q"])
     assert res.exit_code != 0 and "--ffn-width must be between 1 and the teacher's" in res.output
     assert not list(models_dir().glob("*-work"))  # refused before any work
+
+
+def test_checkpoints_of_earlier_versions_still_match() -> None:
+    """A field added to the config later changes a run's fingerprint only when it is set, so a
+    run checkpointed by an earlier vecplug resumes (the fingerprint of a default config is the
+    one computed before ``ffn_width`` existed)."""
+    import hashlib
+    from dataclasses import asdict
+
+    from vecplug.indexer.distill import _fingerprint
+
+    before = hashlib.sha256()
+    fields = {k: v for k, v in asdict(DistillConfig()).items() if k not in ("checkpoint_every", "ffn_width")}
+    before.update(json.dumps(fields, sort_keys=True).encode())
+    before.update(b"sum")
+    before.update(b"a\x00b\x01")
+    assert _fingerprint(DistillConfig(), ["a"], ["b"], "sum") == before.hexdigest()[:16]
+    assert _fingerprint(DistillConfig(ffn_width=8), ["a"], ["b"], "sum") != before.hexdigest()[:16]
