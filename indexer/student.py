@@ -114,20 +114,19 @@ def prune_ffn(model: Any, width: int, batches: Iterable[dict[str, Any]]) -> None
     full = int(model.config.intermediate_size)
     if not 1 <= width <= full:
         raise ModelError(f"--ffn-width must be between 1 and the model's {full}, not {width}")
-    sums = [torch.zeros(full) for _ in layers]
-    masks: list[Any] = []
+    sums = [torch.zeros(full) for _ in layers]  # summed over tokens: ranks as the mean does
+    real: dict[str, Any] = {}  # the batch's real (not padding) tokens, for the hooks
 
     def record(i: int) -> Any:
         def hook(_module: Any, _inputs: Any, out: Any) -> None:
-            m = masks[-1].unsqueeze(-1).to(out.dtype)
-            sums[i] += (out.detach().abs() * m).sum(dim=(0, 1))
+            sums[i] += (out.detach().abs() * real["mask"]).sum(dim=(0, 1))
         return hook
 
     hooks = [layer.intermediate.register_forward_hook(record(i)) for i, layer in enumerate(layers)]
     try:
         with torch.inference_mode():
             for batch in batches:
-                masks.append(batch["attention_mask"])
+                real["mask"] = batch["attention_mask"].unsqueeze(-1).to(torch.float32)
                 model(**batch)
     finally:
         for h in hooks:
