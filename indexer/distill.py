@@ -64,6 +64,10 @@ class DistillConfig:
     #: keep this many feed-forward neurons per layer (the teacher's are pruned to those that
     #: contribute most on the training texts before training): fewer FLOPs per query
     ffn_width: int | None = None
+    #: start from this student of the same teacher (name or folder) instead of the teacher's
+    #: layers: train it on, or (with ``ffn_width``) narrow a trained student and train it on;
+    #: ``layers`` must be its layer count
+    init: str | None = None
 
 
 @dataclass
@@ -137,7 +141,7 @@ def build_examples(config: DistillConfig) -> tuple[list[str], list[str], dict[st
 def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str) -> str:
     h = hashlib.sha256()
     # fields added later count only when set: a run checkpointed before they existed resumes
-    later = {"ffn_width": None}
+    later = {"ffn_width": None, "init": None}
     h.update(json.dumps({k: v for k, v in asdict(config).items()
                          if k != "checkpoint_every" and not (k in later and v == later[k])},
                         sort_keys=True).encode())
@@ -164,6 +168,29 @@ def _padded_batches(rows: list[list[int]], pad: int, size: int = 32) -> Iterator
     for start in range(0, len(rows), size):
         ids, mask = _pad(rows[start:start + size], pad)
         yield {"input_ids": ids, "attention_mask": mask}
+
+
+def _init_student(config: DistillConfig, teacher: Any) -> tuple[Any, list[int]]:
+    """The student ``config.init`` names, loaded for training (sharing the teacher's frozen
+    table), and the teacher layers it was made from; refused unless it is a student of this
+    teacher with ``config.layers`` layers."""
+    from vecplug.errors import ModelMismatchError
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.student import load_student, read_student_meta
+
+    info = resolve_model(config.init)
+    if info.teacher is None or info.teacher.checksum != teacher.info.checksum:
+        raise ModelMismatchError(f"--init {config.init} is not a student of {config.teacher} "
+                                 f"({teacher.info.checksum[:12]})")
+    meta = read_student_meta(info.path)
+    if meta.get("projection_dim"):
+        raise VecplugError(f"--init {config.init} is a lower-dimension student; start from a full one")
+    layers = [int(i) for i in meta["layers"]]
+    if len(layers) != config.layers:
+        raise VecplugError(f"--init {config.init} has {len(layers)} layers; give -k {len(layers)}")
+    student = load_student(info.path, teacher.info.path, teacher.info.checksum,
+                           embeddings=teacher.model.get_input_embeddings().weight)
+    return student, layers
 
 
 def distill(config: DistillConfig, out: Path, progress: bool = True, command: str | None = None,
@@ -216,8 +243,11 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     target_table = torch.from_numpy(table)
     mean = target_table.mean(0)
 
-    layers = pick_layers(teacher.model.config.num_hidden_layers, config.layers, config.layer_choice)
-    student = make_student(teacher.model, layers)
+    if config.init:
+        student, layers = _init_student(config, teacher)
+    else:
+        layers = pick_layers(teacher.model.config.num_hidden_layers, config.layers, config.layer_choice)
+        student = make_student(teacher.model, layers)
     student.eval()  # no dropout: this is regression onto fixed targets
     input_ids = teacher.tokenize(inputs, prefix, config.max_length)
     if config.ffn_width:
@@ -301,6 +331,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         "teacher_checksum": teacher.info.checksum,
         "layers": layers,
         "ffn_width": config.ffn_width,
+        "init": config.init,
         "query_prefix": teacher.info.query_prefix,
         "document_prefix": teacher.info.document_prefix,
         "default_for": config.default_for,

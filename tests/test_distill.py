@@ -241,16 +241,50 @@ def test_narrow_student_distils_and_loads(tiny_model: Path, texts_file: Path) ->
 def test_checkpoints_of_earlier_versions_still_match() -> None:
     """A field added to the config later changes a run's fingerprint only when it is set, so a
     run checkpointed by an earlier vecplug resumes (the fingerprint of a default config is the
-    one computed before ``ffn_width`` existed)."""
+    one computed before ``ffn_width`` and ``init`` existed)."""
     import hashlib
     from dataclasses import asdict
 
     from vecplug.indexer.distill import _fingerprint
 
     before = hashlib.sha256()
-    fields = {k: v for k, v in asdict(DistillConfig()).items() if k not in ("checkpoint_every", "ffn_width")}
+    fields = {k: v for k, v in asdict(DistillConfig()).items() if k not in ("checkpoint_every", "ffn_width", "init")}
     before.update(json.dumps(fields, sort_keys=True).encode())
     before.update(b"sum")
     before.update(b"a\x00b\x01")
     assert _fingerprint(DistillConfig(), ["a"], ["b"], "sum") == before.hexdigest()[:16]
     assert _fingerprint(DistillConfig(ffn_width=8), ["a"], ["b"], "sum") != before.hexdigest()[:16]
+
+
+def test_a_trained_student_narrowed_and_trained_on(tiny_model: Path, other_tiny_model: Path,
+                                                   texts_file: Path, tmp_path: Path) -> None:
+    """``--init``: a student starts from another student of the same teacher (its layers, its
+    trained weights), here narrowed first; other teachers' students and a wrong -k are refused."""
+    import torch
+    from safetensors.torch import load_file
+
+    first = tmp_path / "first"
+    assert distill(config(tiny_model, texts_file), first, progress=False) is not None
+    out = tmp_path / "narrow"
+    report = distill(config(tiny_model, texts_file, init=str(first), ffn_width=8, epochs=1), out, progress=False)
+    assert report is not None
+    meta = json.loads((out / "student.json").read_text())
+    assert meta["init"] == str(first) and meta["ffn_width"] == 8
+    assert meta["layers"] == json.loads((first / "student.json").read_text())["layers"]
+    # it started from the trained student: after one more epoch its weights are nearer those
+    # than the teacher's
+    trained, narrowed = load_file(str(first / "student.safetensors")), load_file(str(out / "student.safetensors"))
+    key = "encoder.layer.0.attention.self.query.weight"
+    assert torch.dist(narrowed[key], trained[key]) < torch.dist(narrowed[key], _teacher_weight(tiny_model, meta, key))
+    with pytest.raises(ModelMismatchError, match="is not a student of"):
+        distill(config(other_tiny_model, texts_file, init=str(first)), tmp_path / "x", progress=False)
+    with pytest.raises(Exception, match="has 1 layers; give -k 1"):
+        distill(config(tiny_model, texts_file, init=str(first), layers=2), tmp_path / "y", progress=False)
+
+
+def _teacher_weight(teacher: Path, meta: dict, key: str) -> "object":
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(teacher))
+    src = key.replace("encoder.layer.0.", f"encoder.layer.{meta['layers'][0]}.")
+    return model.state_dict()[src]

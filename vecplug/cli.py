@@ -221,6 +221,8 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
               help="Weight of the in-batch ranking term (InfoNCE against the teacher's vectors).")
 @click.option("--dim", type=int, help="Lower dimension (e.g. 128): documents are projected by PCA and the "
                                       "student learns a head into that space.")
+@click.option("--init", help="Start from this student of the teacher (name or folder) instead of the "
+                                     "teacher's layers, e.g. with --ffn-width to narrow a trained student.")
 @click.option("--ffn-width", type=int, help="Feed-forward neurons kept per layer (me5-small has 1536), the ones "
                                             "contributing most on the training texts: faster queries.")
 @click.option("--out", type=click.Path(file_okay=False), help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN].")
@@ -229,8 +231,8 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
 @_errors
 def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | None, texts: tuple[str, ...],
                 epochs: int, batch_size: int, learning_rate: float, max_texts: int, seed: int,
-                contrastive_weight: float, dim: int | None, ffn_width: int | None, out: str | None,
-                stop_after: int | None, quiet: bool) -> None:
+                contrastive_weight: float, dim: int | None, init: str | None, ffn_width: int | None,
+                out: str | None, stop_after: int | None, quiet: bool) -> None:
     """Distil a small query encoder (student) from a document encoder (MSE on query vectors).
 
     Interrupted runs resume from their checkpoint when run again with the same options.
@@ -242,7 +244,7 @@ def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | Non
 
     config = DistillConfig(teacher=teacher, layers=layers, layer_choice=layer_choice, epochs=epochs,
                            batch_size=batch_size, learning_rate=learning_rate, max_texts=max_texts,
-                           seed=seed, tatoeba=tatoeba, texts=texts, dim=dim, ffn_width=ffn_width,
+                           seed=seed, tatoeba=tatoeba, texts=texts, dim=dim, ffn_width=ffn_width, init=init,
                            contrastive_weight=contrastive_weight)
     name = Path(teacher).name if Path(teacher).exists() else teacher.replace("/", "--")
     folder = Path(out) if out else models_dir() / (f"{name}-student-k{layers}{f'-d{dim}' if dim else ''}"
