@@ -20,18 +20,21 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vecplug.errors import VecplugError
+from vecplug.errors import ModelMismatchError, VecplugError
 
 WORK = ".distill-work"
 #: training texts whose activations rank the feed-forward neurons (``ffn_width``)
 PRUNE_TEXTS = 1024
+#: config fields added after runs were checkpointed, with their defaults: they count in a run's
+#: fingerprint only when set, so a run checkpointed before they existed resumes
+LATER_FIELDS: dict[str, Any] = {"ffn_width": None, "init": None}
 
 
 @dataclass(frozen=True)
@@ -140,10 +143,8 @@ def build_examples(config: DistillConfig) -> tuple[list[str], list[str], dict[st
 
 def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str) -> str:
     h = hashlib.sha256()
-    # fields added later count only when set: a run checkpointed before they existed resumes
-    later = {"ffn_width": None, "init": None}
     h.update(json.dumps({k: v for k, v in asdict(config).items()
-                         if k != "checkpoint_every" and not (k in later and v == later[k])},
+                         if k != "checkpoint_every" and not (k in LATER_FIELDS and v == LATER_FIELDS[k])},
                         sort_keys=True).encode())
     h.update(teacher_sum.encode())
     for a, b in zip(inputs, targets):
@@ -151,30 +152,10 @@ def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], t
     return h.hexdigest()[:16]
 
 
-def _pad(rows: list[list[int]], pad: int) -> tuple[Any, Any]:
-    """Token id rows as a padded id tensor and its attention mask."""
-    import torch
-
-    longest = max(len(r) for r in rows)
-    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(r)] = 1
-    return ids, mask
-
-
-def _padded_batches(rows: list[list[int]], pad: int, size: int = 32) -> Iterator[dict[str, Any]]:
-    for start in range(0, len(rows), size):
-        ids, mask = _pad(rows[start:start + size], pad)
-        yield {"input_ids": ids, "attention_mask": mask}
-
-
 def _init_student(config: DistillConfig, teacher: Any) -> tuple[Any, list[int]]:
     """The student ``config.init`` names, loaded for training (sharing the teacher's frozen
     table), and the teacher layers it was made from; refused unless it is a student of this
     teacher with ``config.layers`` layers."""
-    from vecplug.errors import ModelMismatchError
     from vecplug.indexer.models import resolve_model
     from vecplug.indexer.student import load_student, read_student_meta
 
@@ -252,7 +233,9 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     input_ids = teacher.tokenize(inputs, prefix, config.max_length)
     if config.ffn_width:
         sample = input_ids[::max(1, len(input_ids) // PRUNE_TEXTS)][:PRUNE_TEXTS]  # spread over the sources
-        prune_ffn(student, config.ffn_width, _padded_batches(sample, teacher.pad_id))
+        prune_ffn(student, config.ffn_width,
+                  ({"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+                   for _, ids, mask in teacher._batches(sample)))
     modules = torch.nn.ModuleDict({"student": student})
     projection = None
     if config.dim:
@@ -285,7 +268,12 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         epoch, within = divmod(step, steps_per_epoch)
         order = np.random.default_rng(config.seed + epoch).permutation(len(inputs))
         batch = order[within * config.batch_size:(within + 1) * config.batch_size]
-        ids, mask = _pad([input_ids[i] for i in batch], pad)
+        longest = max(len(input_ids[i]) for i in batch)
+        ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for r, i in enumerate(batch):
+            ids[r, :len(input_ids[i])] = torch.tensor(input_ids[i])
+            mask[r, :len(input_ids[i])] = 1
         hidden = student(input_ids=ids, attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).float()
         pooled = (hidden * m).sum(1) / m.sum(1)

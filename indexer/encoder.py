@@ -38,9 +38,10 @@ class SharedTokenizer:
 
     A multilingual tokenizer is big (me5-small's 250k-piece one holds ~310 MiB in memory, about
     as much as the vocabulary table; benchmarks/model_memory.py), and a student uses its
-    teacher's: loading it once saves that much wherever both encode. The lock: a fast tokenizer keeps its truncation length as
-    state of the Rust object, set by each call, so two calls with different limits (a query's
-    64 tokens, a document's 256, the chunker's none) must not interleave across threads.
+    teacher's: loading it once saves that much wherever both encode. The lock: a fast tokenizer
+    keeps its truncation length as state of the Rust object, set by each call, so two calls
+    with different limits (a query's 64 tokens, a document's 256, the chunker's none) must not
+    interleave across threads.
     """
 
     def __init__(self, tokenizer: Any) -> None:
