@@ -88,16 +88,21 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         lang: str | None = None, batch_size: int = 256, commit_every: int = 4096,
         manifest: dict[str, Any] | None = None, progress: bool = True,
         count_tokens: Callable[[], int] | None = None, stats: Any = None,
-        prune: bool = False, keep_sources: Callable[[], Collection[str]] | None = None) -> IndexReport:
+        prune: bool = False, keep_sources: Callable[[], Collection[str]] | None = None,
+        owns: Callable[[Any], bool] | None = None) -> IndexReport:
     """Index ``documents`` into ``store``; returns what was done and what was skipped.
 
-    With ``prune`` the store ends up holding exactly ``documents``: every other record is
+    With ``prune`` the store ends up holding exactly ``documents`` among the records that
+    ``owns`` (default: all) says come from the same source: every other such record is
     removed (in the final commit, so an interrupted run removes nothing), except records
     whose source is in ``keep_sources()`` (files that could not be read this time: their
-    last good version stays). ``stats`` (a :class:`vecplug.adapters.bias.LanguageStats` or anything with
-    ``add(langs, vectors, sign)`` and ``to_manifest()``) is kept in step with what is written:
-    replaced documents' old vectors are subtracted and new ones added, and every commit
-    stores it in the manifest with the records it describes.
+    last good version stays). Interrupted (Ctrl-C) while encoding, the run commits the
+    documents it finished before it stops, so the next run starts from there.
+
+    ``stats`` (a :class:`vecplug.adapters.bias.LanguageStats` or anything with
+    ``add(langs, vectors, sign)`` and ``to_manifest()``) is kept in step with what is
+    written: replaced documents' old vectors are subtracted and new ones added, and every
+    commit stores it in the manifest with the records it describes.
     """
     from tqdm.auto import tqdm
 
@@ -108,45 +113,57 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     last_commit, commit_cost = time.perf_counter(), 0.0
     seen: set[str] = set()
     bar = tqdm(desc="indexing", unit="doc", disable=not progress)
-    for batch in batched(_first_of_each_id(documents, report.problems), batch_size):
-        # language: the flag, else the record's own, else detected
-        batch = [d if (d.lang and not lang) else _with_lang(d, lang or (detect(d.text) if detect else None))
-                 for d in batch]
-        existing = {r.id: r for r in store.get([d.id for d in batch])}
-        todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
-        report.unchanged += len(batch) - len(todo)
-        todo_ids = {d.id for d in todo}
-        seen.update(d.id for d in batch if d.id not in todo_ids)
-        if todo:
-            t0 = time.perf_counter()
-            vectors = encoder.encode_documents([d.text for d in todo], progress=False)
-            report.encode_seconds += time.perf_counter() - t0
-            ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
-            for d in (d for d, good in zip(todo, ok) if not good):
-                report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
-                                                        "vector: left out", d.position))
-            keep = [d for d, good in zip(todo, ok) if good]
-            if stats is not None:
-                replaced = [existing[d.id] for d in keep if d.id in existing]
-                if replaced:
-                    stats.add([r.lang for r in replaced], store.vectors([r.id for r in replaced]), -1)
-                stats.add([d.lang for d in keep], vectors[ok])
-            store.upsert([make_record(d) for d in keep], vectors[ok])
-            seen.update(d.id for d in keep)
-            report.documents += len(keep)
-            report.languages.update(d.lang or "und" for d in keep)
-            since_commit += len(keep)
-            now = time.perf_counter()
-            if since_commit >= commit_every and (
-                    commit_cost < SLOW_COMMIT or since_commit >= MAX_UNCOMMITTED
-                    or now - last_commit >= commit_cost * (1 - COMMIT_TIME_SHARE) / COMMIT_TIME_SHARE):
-                store.commit(_stamped(manifest, stats))
-                last_commit = time.perf_counter()
-                since_commit, commit_cost = 0, last_commit - now
-        bar.update(len(batch))
-    bar.close()
+    # True from a batch's first write to its last, and during a commit: an interrupt there
+    # leaves the staged writes half done, so nothing is committed on the way out
+    writing = False
+    try:
+        for batch in batched(_first_of_each_id(documents, report.problems), batch_size):
+            # language: the flag, else the record's own, else detected
+            batch = [d if (d.lang and not lang) else _with_lang(d, lang or (detect(d.text) if detect else None))
+                     for d in batch]
+            existing = {r.id: r for r in store.get([d.id for d in batch])}
+            todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
+            report.unchanged += len(batch) - len(todo)
+            todo_ids = {d.id for d in todo}
+            seen.update(d.id for d in batch if d.id not in todo_ids)
+            if todo:
+                t0 = time.perf_counter()
+                vectors = encoder.encode_documents([d.text for d in todo], progress=False)
+                report.encode_seconds += time.perf_counter() - t0
+                ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
+                for d in (d for d, good in zip(todo, ok) if not good):
+                    report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
+                                                            "vector: left out", d.position))
+                keep = [d for d, good in zip(todo, ok) if good]
+                writing = True
+                if stats is not None:
+                    replaced = [existing[d.id] for d in keep if d.id in existing]
+                    if replaced:
+                        stats.add([r.lang for r in replaced], store.vectors([r.id for r in replaced]), -1)
+                    stats.add([d.lang for d in keep], vectors[ok])
+                store.upsert([make_record(d) for d in keep], vectors[ok])
+                seen.update(d.id for d in keep)
+                report.documents += len(keep)
+                report.languages.update(d.lang or "und" for d in keep)
+                since_commit += len(keep)
+                now = time.perf_counter()
+                if since_commit >= commit_every and (
+                        commit_cost < SLOW_COMMIT or since_commit >= MAX_UNCOMMITTED
+                        or now - last_commit >= commit_cost * (1 - COMMIT_TIME_SHARE) / COMMIT_TIME_SHARE):
+                    store.commit(_stamped(manifest, stats))
+                    last_commit = time.perf_counter()
+                    since_commit, commit_cost = 0, last_commit - now
+                writing = False
+            bar.update(len(batch))
+    except KeyboardInterrupt:
+        # Ctrl-C mostly lands in the encoder: keep the documents finished so far
+        if since_commit and not writing:
+            store.commit(_stamped(manifest, stats))
+        raise
+    finally:
+        bar.close()
     if prune:
-        report.removed = _prune(store, seen, set(keep_sources() if keep_sources else ()), stats)
+        report.removed = _prune(store, seen, set(keep_sources() if keep_sources else ()), stats, owns)
     wanted = manifest or {}
     if since_commit or report.removed or any(store.manifest.get(k) != v for k, v in wanted.items()):
         store.commit(_stamped(manifest, stats))
@@ -168,9 +185,10 @@ def _first_of_each_id(documents: Iterable[Document], problems: list[Problem]) ->
         yield doc
 
 
-def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any) -> int:
+def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any,
+           owns: Callable[[Any], bool] | None) -> int:
     stale = [rid for rid in store.ids() if rid not in seen]
-    gone = [r for r in store.get(stale) if r.source not in keep_sources]
+    gone = [r for r in store.get(stale) if r.source not in keep_sources and (owns is None or owns(r))]
     if gone and stats is not None:
         stats.add([r.lang for r in gone], store.vectors([r.id for r in gone]), -1)
     store.delete([r.id for r in gone])

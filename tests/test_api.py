@@ -44,7 +44,9 @@ def test_open_missing_index() -> None:
 def test_reindexing_a_folder_follows_its_changes(tmp_path: Path, tiny_model: Path) -> None:
     """vecplug index on the same folder again: new and edited files encoded, unchanged ones
     skipped, deleted ones removed, an unreadable one keeps its last good version; a run with
-    no change writes nothing; another folder given to the index adds without removing."""
+    no change writes nothing. Another folder given to the index is added under its absolute
+    path and kept up to date by its own runs; neither folder's runs touch the other's
+    documents or those added through the API."""
     docs = tmp_path / "docs"
     docs.mkdir()
     for name, text in {"a.txt": "water boils at one hundred degrees", "b.txt": "der schnelle braune fuchs",
@@ -74,5 +76,82 @@ def test_reindexing_a_folder_follows_its_changes(tmp_path: Path, tiny_model: Pat
     other = tmp_path / "other"
     other.mkdir()
     (other / "z.txt").write_text("wasser kocht bei hundert grad")
+    (other / "a.txt").write_text("a file of the same name in another folder")
     report, ids, _ = run(other)
-    assert report.removed == 0 and "z.txt#0" in ids and "a.txt#0" in ids
+    space = str(other.resolve())
+    assert report.removed == 0 and report.documents == 2
+    assert ids == {"a.txt#0", "c.txt#0", "d.txt#0", "e.txt#0", f"{space}/a.txt#0", f"{space}/z.txt#0"}
+    with vecplug.open_index(str(tmp_path / "idx"), settings=settings, writable=True) as index:
+        assert index.store.get(["a.txt#0"])[0].text.endswith("mountain")  # not replaced
+        assert index.store.get([f"{space}/z.txt#0"])[0].source == f"{space}/z.txt"
+        index.add_documents([vecplug.Document("faq#1", "the kettle switches itself off", "faq")])
+        index.add_documents([vecplug.Document("note#1", "a note", "notes/n.txt")])
+    (docs / "c.txt").unlink()
+    report, ids, _ = run(docs)  # the first folder again: only its own documents can go
+    assert report.removed == 2 and ids == {"a.txt#0", "d.txt#0", "e.txt#0", "faq#1",
+                                          f"{space}/a.txt#0", f"{space}/z.txt#0"}
+    (other / "z.txt").unlink()
+    report, ids, _ = run(other)  # the other folder again: its own deleted file goes
+    assert report.removed == 1 and ids == {"a.txt#0", "d.txt#0", "e.txt#0", "faq#1", f"{space}/a.txt#0"}
+
+
+def test_a_folder_holds_the_store_it_was_made_with(tmp_path: Path, tiny_model: Path) -> None:
+    """An embedded Qdrant index opens as such without --store (searching, adding), instead of
+    'no index' or a new hnswlib index written over it; a folder of someone else's files is
+    never made into an index; a missing corpus makes no empty index."""
+    pytest.importorskip("qdrant_edge")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("water boils at one hundred degrees")
+    idx = str(tmp_path / "qidx")
+    model = {"document": str(tiny_model)}
+    qdrant = vecplug.load_settings(overrides={"index": {"path": idx, "store": "qdrant"}, "model": model})
+    with vecplug.create_index(docs, settings=qdrant):
+        pass
+    plain = vecplug.load_settings(overrides={"index": {"path": idx}, "model": model})  # store: hnswlib
+    (docs / "b.txt").write_text("der schnelle braune fuchs")
+    with vecplug.create_index(docs, settings=plain) as index:
+        assert index.store.name == "qdrant" and index.report.documents == 1
+    with vecplug.open_index(settings=plain) as index:
+        assert index.store.name == "qdrant" and index.store.count() == 2
+        assert sorted(h.source for h in index.search("water boils", k=5)) == ["a.txt", "b.txt"]
+    # someone's own folder: refused, left as it was
+    own = tmp_path / "project"
+    own.mkdir()
+    (own / "manifest.json").write_text('{"name": "my project"}')
+    settings = vecplug.load_settings(overrides={"index": {"path": str(own)}, "model": model})
+    with pytest.raises(vecplug.VecplugError, match="not empty and not a vecplug hnswlib index"):
+        vecplug.create_index(docs, settings=settings)
+    assert sorted(p.name for p in own.iterdir()) == ["manifest.json"]
+    assert (own / "manifest.json").read_text() == '{"name": "my project"}'
+    # a corpus that is not there: an error before any index is made
+    with pytest.raises(vecplug.VecplugError, match="does not exist"):
+        vecplug.create_index(tmp_path / "missing", path=str(tmp_path / "x3"))
+    assert not (tmp_path / "x3").exists()
+
+
+def test_the_document_length_limit_is_the_index_s(tmp_path: Path, tiny_model: Path) -> None:
+    """Documents are cut at the length the index was built with unless told otherwise, and a
+    run that would cut them at another length is refused, naming both."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    long = " ".join(["water boils at one hundred degrees"] * 20)
+    (docs / "a.txt").write_text(long)
+
+    def settings(**model: object) -> vecplug.Settings:
+        return vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model), **model}})
+
+    with vecplug.create_index(docs, settings=settings(document_max_length=16)) as index:
+        assert index.manifest["document_max_length"] == 16
+    (docs / "b.txt").write_text(long + " and more")
+    with vecplug.create_index(docs, settings=settings()) as index:  # no setting: the index's 16
+        assert index.encoder.document_max_length == 16
+        fresh = index.encoder.encode_documents([long + " and more"])
+        assert float(fresh[0] @ index.store.vectors(["b.txt#0"])[0]) > 0.9999
+    with pytest.raises(vecplug.ModelMismatchError, match=r"document length limit \(tokens\) mismatch.*16.*32"):
+        vecplug.create_index(docs, settings=settings(document_max_length=32))
+    with vecplug.open_index(settings=settings()) as index:  # language codes as the index has them
+        hits = index.search("water", k=5, langs=[" EN ", ""]).hits
+        assert len(hits) == 2 and hits == index.search("water", k=5, langs=["en"]).hits
+

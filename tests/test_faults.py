@@ -742,3 +742,65 @@ def test_searches_and_updates_in_threads_do_not_crash(tmp_path: Path) -> None:
             t.join()
         store.close()
     assert not errors, errors[:3]
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------
+
+class _Interrupting(FakeEncoder):
+    """Presses Ctrl-C in its ``at``-th call."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(16)
+        self.at = at
+
+    def encode_documents(self, texts: list[str], progress: bool | None = None) -> np.ndarray:
+        if self.calls + 1 == self.at:
+            raise KeyboardInterrupt
+        return super().encode_documents(texts, progress)
+
+
+@pytest.mark.parametrize("store_name", STORES)
+def test_ctrl_c_while_encoding_commits_the_finished_documents(tmp_path: Path, store_name: str) -> None:
+    """Interrupted in the encoder, a run commits the batches it finished (the next run starts
+    from there); interrupted in the middle of a batch's writes, it commits nothing of them."""
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import Record
+    from vecplug.indexer import pipeline
+    from vecplug.types import Document
+
+    cls = get_store_class(store_name)
+    docs = [Document(f"d{i}", f"word{i} shared river", "s.txt", i, "en") for i in range(40)]
+    store = cls.create(str(tmp_path / "idx"), 16, {"dim": 16}, {})
+    stats = LanguageStats(16)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(docs, _Interrupting(at=3), store, Record.from_document, None, batch_size=10,
+                     commit_every=1000, progress=False, stats=stats)
+    store.close()
+    store = cls.open(str(tmp_path / "idx"), {}, writable=True)
+    assert sorted(store.ids(), key=lambda i: int(i[1:])) == [f"d{i}" for i in range(20)]
+    assert LanguageStats.from_manifest(store.manifest).counts == {"en": 20}
+    # the rest on the next run: the first 20 unchanged
+    report = pipeline.run(docs, FakeEncoder(16), store, Record.from_document, None, batch_size=10,
+                          progress=False, stats=LanguageStats.from_manifest(store.manifest))
+    assert (report.unchanged, report.documents) == (20, 20)
+    store.close()
+
+    # in the middle of the writes: nothing of that batch (nor of the uncommitted ones before)
+    store = cls.create(str(tmp_path / "idx2"), 16, {"dim": 16}, {})
+    upsert, calls = store.upsert, []
+
+    def interrupted_upsert(records: Any, vectors: Any) -> None:
+        calls.append(len(records))
+        if len(calls) == 2:
+            upsert(records[:3], vectors[:3])
+            raise KeyboardInterrupt
+        upsert(records, vectors)
+
+    store.upsert = interrupted_upsert  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(docs, FakeEncoder(16), store, Record.from_document, None, batch_size=10,
+                     commit_every=1000, progress=False, stats=LanguageStats(16))
+    store.close()
+    store = cls.open(str(tmp_path / "idx2"), {})
+    assert store.count() == 0
+    store.close()

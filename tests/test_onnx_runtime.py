@@ -309,6 +309,8 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path, 
     assert manifest["document_quantize"] == "int8" and manifest["runtime"] == "onnx"
     assert manifest["document_int8_version"] == onnx_runtime.DOCUMENT_INT8_VERSION
     assert "runtime:    onnx, document weights int8" in runner.invoke(cli, ["info", *common]).output
+    verified = runner.invoke(cli, ["verify", *common])  # re-encoded in other batches: still sound
+    assert verified.exit_code == 0 and "(int8): lowest cosine" in verified.output, verified.output
     # no flags: the index's runtime and quantisation
     (corpus / "b.txt").write_text("wasser kocht bei hundert grad\n", encoding="utf-8")
     result = runner.invoke(cli, ["index", str(corpus), "-q", *common])

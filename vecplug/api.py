@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug._version import __version__
-from vecplug.config import Settings, load_settings
+from vecplug.config import Settings, load_settings, normalise_langs
 from vecplug.errors import IndexNotFoundError, ModelMismatchError, VecplugError
 from vecplug.indexer.pipeline import IndexReport
 from vecplug.types import Document, Hit
@@ -52,11 +52,11 @@ class SearchResult:
                 "seconds": self.seconds, "hits": [h.to_dict() for h in self.hits]}
 
 
-def _store_target(settings: Settings) -> tuple[type, str, dict[str, Any]]:
+def _store_target(settings: Settings, name: str | None = None) -> tuple[type, str, dict[str, Any]]:
     from vecplug.adapters.stores import get_store_class
 
     ix = settings.index
-    name = "qdrant" if ix.url and ix.store == "hnswlib" else ix.store
+    name = name or ("qdrant" if ix.url and ix.store == "hnswlib" else ix.store)
     cls = get_store_class(name)
     if name == "hnswlib":
         return cls, ix.path, {"M": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction,
@@ -65,6 +65,18 @@ def _store_target(settings: Settings) -> tuple[type, str, dict[str, Any]]:
     if ix.api_key:
         options["api_key"] = ix.api_key
     return cls, ix.url or ix.path, options
+
+
+def _store_in_folder(folder: str) -> str | None:
+    """The built-in store whose index is in ``folder``, if any (none of them needs its
+    engine to tell)."""
+    from vecplug.adapters.stores import get_store_class
+    from vecplug.adapters.stores.registry import BUILTIN_STORES
+
+    for name in BUILTIN_STORES:
+        if get_store_class(name).exists(folder, {}):
+            return name
+    return None
 
 
 class Index:
@@ -90,6 +102,10 @@ class Index:
         settings = settings or load_settings()
         store_cls, location, options = _store_target(settings)
         writable = writable or create
+        if not store_cls.exists(location, options) and not settings.index.url:
+            # a folder holds the index of the store it was made with, whatever the setting
+            # says: open that one rather than report no index (or make a second one over it)
+            store_cls, location, options = _store_target(settings, _store_in_folder(location) or store_cls.name)
         if store_cls.exists(location, options):
             return cls(settings, store_cls.open(location, options, writable=writable), writable)
         if not create:
@@ -128,17 +144,19 @@ class Index:
             # queries: the flag, else what the index was built with, else the student
             # registered for the document encoder (if any), else the document encoder
             query = m.query or built.get("query_encoder") or DEFAULT_STUDENTS.get(document)
-            prefixes = {"query_prefix": m.query_prefix, "document_prefix": m.document_prefix}
-            for key in prefixes:
-                if prefixes[key] is None and key in built:
-                    prefixes[key] = built[key]
+            # prefixes and lengths: the setting, else the index's, else the encoder's default
+            given = {"query_prefix": m.query_prefix, "document_prefix": m.document_prefix,
+                     "query_max_length": m.query_max_length, "document_max_length": m.document_max_length}
+            for key in given:
+                if given[key] is None and built.get(key) is not None:
+                    given[key] = built[key]
             encoder = Encoder.from_specs(
                 document, query, batch_tokens=m.batch_tokens, threads=m.threads,
-                query_max_length=m.query_max_length, document_max_length=m.document_max_length,
                 query_quantize=m.query_quantize,
                 document_quantize=m.document_quantize or built.get("document_quantize"),
                 runtime=m.runtime or built.get("runtime") or "torch",
-                document_int8_version=built_int8_version(built), **prefixes)
+                document_int8_version=built_int8_version(built),
+                **{k: v for k, v in given.items() if v is not None})
             if built:
                 check_encoder(built, encoder.describe())
             check_query_encoder(encoder.describe())
@@ -162,7 +180,7 @@ class Index:
 
     def _add(self, documents: Iterable[Document], *, lang: str | None, progress: bool,
              manifest: dict[str, Any] | None = None, prune: bool = False,
-             keep_sources: Any = None) -> IndexReport:
+             keep_sources: Any = None, owns: Any = None) -> IndexReport:
         from vecplug.adapters.stores import Record
         from vecplug.indexer import pipeline
 
@@ -175,7 +193,7 @@ class Index:
                 lang=lang or self.settings.corpus.lang,
                 manifest={"vecplug_version": __version__, **(manifest or {})},
                 progress=progress, count_tokens=lambda: encoder.document.tokens_seen,
-                stats=self.language_stats, prune=prune, keep_sources=keep_sources)
+                stats=self.language_stats, prune=prune, keep_sources=keep_sources, owns=owns)
         finally:
             # the stats may hold writes that were not committed: re-read them when needed
             self._stats = self._means = None
@@ -187,9 +205,17 @@ class Index:
         Re-running on the same folder brings the index up to date: new and edited documents
         are encoded, unchanged ones skipped, and documents whose file is gone (or no longer
         has them) removed; files that cannot be read this time keep their last good version.
-        An index made from one folder and then given another one adds without removing.
+        The first folder's documents are named by their paths inside it. Another folder given
+        to the same index is added under its absolute path (``/abs/folder/a.txt#0``), so the
+        two never replace each other, and kept up to date the same way by its own runs.
+        Documents added with :meth:`add_documents` are left alone by folder runs unless their
+        source names a file of the first folder (a relative path ending in .txt, .md, .jsonl
+        or .csv).
         """
-        from vecplug.indexer.corpus import CorpusOptions, CorpusReader
+        import os
+        from dataclasses import replace
+
+        from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
         root = Path(path)
         if not root.exists():
@@ -200,10 +226,30 @@ class Index:
             max_file_bytes=c.max_file_mb * 1024 * 1024))
         source_root = str(root.resolve())
         built_from = self.manifest.get("source_root")
-        prune = built_from == source_root or (built_from is None and self.store.count() == 0)
-        report = self._add(reader.documents(), lang=lang, progress=progress, prune=prune,
-                           manifest={"source_root": source_root} if prune else None,
-                           keep_sources=lambda: reader.unread)
+        first = built_from == source_root or (built_from is None and self.store.count() == 0)
+        manifest: dict[str, Any] = {"corpus": {"chunk_tokens": c.chunk_tokens, "chunk_overlap": c.chunk_overlap,
+                                               "embed_fields": list(c.embed_fields)}}
+        if first:
+            documents: Iterable[Document] = reader.documents()
+            manifest["source_root"] = source_root
+
+            def owns(record: Any) -> bool:  # a file of this folder, not another's or the API's
+                return not os.path.isabs(record.source) and Path(record.source).suffix.lower() in SUFFIXES
+
+            def keep() -> set[str]:
+                return set(reader.unread)
+        else:
+            space = source_root if root.is_dir() else str(Path(source_root).parent)
+            documents = (replace(d, id=f"{space}/{d.id}", source=f"{space}/{d.source}")
+                         for d in reader.documents())
+
+            def owns(record: Any) -> bool:
+                return record.source.startswith(space + "/")
+
+            def keep() -> set[str]:
+                return {f"{space}/{u}" for u in reader.unread}
+        report = self._add(documents, lang=lang, progress=progress, prune=True, manifest=manifest,
+                           keep_sources=keep, owns=owns)
         report.files = reader.files
         report.problems = reader.problems + report.problems
         self.report = report
@@ -246,7 +292,8 @@ class Index:
         mode = mode or s.mode
         if mode not in modes.MODES:
             raise VecplugError(f"unknown mode '{mode}'; modes: {', '.join(modes.MODES)}")
-        target = list(target_langs if target_langs is not None else s.langs) or None
+        # language codes as the index keeps them: " de , FR" means de and fr
+        target = list(normalise_langs(target_langs if target_langs is not None else s.langs)) or None
         debias = self._debias(debias)
         ef = ef or s.ef
         if ef is not None and ef < 1:
@@ -379,6 +426,7 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
               ("dim", "dimension", None), ("normalize", "normalisation", None),
               ("pooling", "pooling", None), ("document_prefix", "document prefix", None),
               ("query_prefix", "query prefix", None),
+              ("document_max_length", "document length limit (tokens)", None),
               ("document_quantize", "document quantisation", None))
     # the store's similarity: vecplug writes and searches unit vectors by cosine (inner
     # product); an index whose manifest names another space would be ranked wrongly
@@ -416,6 +464,12 @@ def built_int8_version(built: dict[str, Any]) -> int | None:
 def check_query_encoder(current: dict[str, Any]) -> None:
     """A query encoder must be the document encoder or a student distilled from it."""
     if current["query_encoder_teacher_checksum"] != current["document_encoder_checksum"]:
+        if current["query_encoder_teacher_checksum"] == current["query_encoder_checksum"]:
+            raise ModelMismatchError(
+                f"query encoder {current['query_encoder']} ({current['query_encoder_checksum']}) is "
+                f"not a student of the document encoder {current['document_encoder']} "
+                f"({current['document_encoder_checksum']}), nor that encoder itself: its vectors "
+                "would not be comparable with the documents'")
         raise ModelMismatchError(
             f"query encoder {current['query_encoder']} was distilled from a teacher with checksum "
             f"{current['query_encoder_teacher_checksum']}, but the documents are encoded by "
@@ -438,6 +492,8 @@ def open_index(path: str | None = None, *, settings: Settings | None = None,
 def create_index(corpus: str | Path | None = None, *, path: str | None = None,
                  settings: Settings | None = None, progress: bool = False) -> Index:
     """Open or create an index for writing; with ``corpus``, index that folder into it."""
+    if corpus is not None and not Path(corpus).exists():
+        raise VecplugError(f"{corpus} does not exist")  # before an empty index is made
     index = Index.open(settings or settings_for(path), create=True)
     if corpus is not None:
         try:

@@ -94,6 +94,19 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, kind="stable")
 
 
+def _foreign_files(folder: Path) -> list[str]:
+    """The names in ``folder`` that an hnswlib index in the making would not leave behind
+    (a creation cut short leaves only its lock and temporary files)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []  # not there (yet): making it reports what is in the way
+    except OSError as exc:
+        raise storage_error(exc, f"cannot read the index folder {folder}") from exc
+    ours = ("writer.lock", STAMP_NAME)
+    return [n for n in names if n not in ours and not n.startswith((f".{DB_NAME}.", f".{MANIFEST_NAME}."))]
+
+
 def _row_crc(label: int, rid: str, text: str, source: str, position: int, lang: str | None,
              payload: str) -> str:
     data = json.dumps([label, rid, text, source, position, lang, payload], ensure_ascii=False)
@@ -156,6 +169,12 @@ class HnswStore(VectorStore):
         folder = Path(location)
         if cls.exists(location, options):
             raise VecplugError(f"an index already exists at {folder}")
+        foreign = _foreign_files(folder)
+        if foreign:
+            # another store's index, or someone's own files: never write over them
+            raise VecplugError(f"{folder} is not empty and not a vecplug hnswlib index (it holds "
+                               f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                               "give --index a new or empty folder")
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
