@@ -187,3 +187,52 @@ def test_verify_finds_damage(corpus: Path, tiny_model: Path) -> None:
     graph.write_bytes(bytes(data))
     out = run("verify", "--no-encode", ok=False)
     assert "cannot open" in out and "damaged" in out
+
+
+def test_language_codes_from_flags_are_normalised(corpus: Path, tiny_model: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    q = "the quick brown fox jumps over the lazy dog"
+    only = json.loads(run("search", q, "--json", "--langs", " ES , RU,"))
+    assert only["hits"] and {h["lang"] for h in only["hits"]} <= {"es", "ru"}
+    mono = json.loads(run("search", q, "--json", "--mode", "mono", "--lang", " DE "))
+    assert mono["lang"] == "de" and [h["lang"] for h in mono["hits"]] == ["de"]
+    # eval's --langs name XQuAD-R files (<lang>.json): the same codes
+    from vecplug.indexer import datasets
+
+    seen: dict[str, object] = {}
+
+    def load_dataset(spec: str, *, langs: list[str] | None = None, split: str | None = None) -> None:
+        seen["langs"] = langs
+        raise datasets.DatasetError("stop here")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    assert "stop here" in run("eval", "xquad-r:x", "--langs", " DE , en,,", ok=False)
+    assert seen["langs"] == ["de", "en"]
+
+
+def test_unknown_env_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VECPLUG_SEARCH_BOGUS", "1")
+    out = run("search", "fox", ok=False)
+    assert "VECPLUG_SEARCH_BOGUS" in out and "rerank_depth" in out and "Traceback" not in out
+
+
+def test_unreachable_qdrant_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    pytest.importorskip("qdrant_client")
+    monkeypatch.setattr("vecplug.adapters.stores.qdrant.time.sleep", lambda seconds: None)  # no backoff
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    out = run("search", "fox", "--url", url, "--index", "ignored", ok=False)
+    assert f"qdrant unreachable at {url}" in out and "after 3 tries" in out
+
+
+def test_plain_model_as_query_encoder_is_refused(corpus: Path, tiny_model: Path,
+                                                 other_tiny_model: Path) -> None:
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    out = run("search", "fox", "--query-encoder", str(other_tiny_model), ok=False)
+    # not a student at all: its own checksum is no teacher's
+    assert "not a student" in out and "distilled from a teacher" not in out
+    assert str(other_tiny_model) in out and str(tiny_model) in out

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from vecplug.config import Settings, load_settings
+from vecplug.config import SearchSettings, Settings, load_settings
 from vecplug.errors import ConfigError
 
 
@@ -69,3 +69,31 @@ def test_search_settings_for_modes_and_reranking() -> None:
     assert load_settings(environ={"VECPLUG_MODEL_QUERY_QUANTIZE": "none"}).model.query_quantize in (None, "none")
     with pytest.raises(ConfigError, match="rerank_depth"):
         load_settings(overrides={"search": {"rerank_depth": 0}})
+
+
+def test_language_codes_are_normalised(tmp_path: Path) -> None:
+    from vecplug.config import normalise_langs
+
+    # documents are tagged as the detector writes codes ("de"): " FR" would match none of them
+    env = {"VECPLUG_SEARCH_LANGS": " de , FR,,", "VECPLUG_SEARCH_LANG": " EN "}
+    s = load_settings(environ=env)
+    assert s.search.langs == ("de", "fr") and s.search.lang == "en"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("search: {langs: [' ES', '', Ru]}\ncorpus: {lang: ' DE'}\n")
+    s = load_settings(cfg, environ={})
+    assert s.search.langs == ("es", "ru") and s.corpus.lang == "de"
+    s = load_settings(overrides={"search": {"langs": " de , FR", "lang": "  "}}, environ={})
+    assert s.search.langs == ("de", "fr") and s.search.lang is None
+    assert normalise_langs([" De", "", "fr "]) == ("de", "fr") and normalise_langs(None) == ()
+
+
+def test_unknown_env_variable_of_a_section_rejected() -> None:
+    with pytest.raises(ConfigError, match="VECPLUG_SEARCH_BOGUS") as err:
+        load_settings(environ={"VECPLUG_SEARCH_BOGUS": "1"})
+    assert "rerank_depth" in str(err.value) and "chunk_tokens" not in str(err.value)  # its section's keys
+    with pytest.raises(ConfigError, match="VECPLUG_INDEX_"):
+        load_settings(environ={"VECPLUG_INDEX_": "x"})
+    # other variables are not settings: vecplug's own (VECPLUG_HOME, VECPLUG_CONFIG) and the
+    # benchmarks' VECPLUG (the command to run) keep working
+    env = {"VECPLUG_HOME": "/tmp/h", "VECPLUG_CONFIG": "", "VECPLUG": "/bin/vecplug", "VECPLUG_SEARCH_K": "2"}
+    assert load_settings(environ=env) == Settings(search=SearchSettings(k=2))

@@ -335,3 +335,19 @@ def test_hnswlib_damaged_graph_is_reported(tmp_path: Path) -> None:
     graph.write_bytes(graph.read_bytes()[:-100])
     with pytest.raises(CorruptIndexError, match="damaged"):
         cls.open(str(location), {})
+
+
+def test_qdrant_unreachable_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import socket
+
+    pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores import qdrant
+    from vecplug.errors import VecplugError
+
+    monkeypatch.setattr(qdrant.time, "sleep", lambda seconds: None)  # no backoff
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(VecplugError, match=re.escape(f"qdrant unreachable at {url} after 3 tries")):
+        get_store_class("qdrant").exists(url, {})

@@ -368,10 +368,12 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     qrels/SPLIT.tsv) or a folder of either kind. One run per combination of --query-encoder,
     --mode, --rerank and --debias.
     """
+    from vecplug.config import normalise_langs
     from vecplug.evaluate import evaluate, make_runs
     from vecplug.indexer.datasets import load_dataset
 
-    lang_list = [v.strip() for v in (langs or "").split(",") if v.strip()] or None
+    # as search's --langs (normalised by the settings): " DE, en" names de.json and en.json
+    lang_list = list(normalise_langs(langs)) or None
     data = load_dataset(dataset, langs=lang_list, split=split).limited(limit)
     choice = "off" if no_debias and debias in (None, "off") else ("both" if no_debias else debias)
     debias_values = {None: [None], "on": [True], "off": [False], "both": [False, True]}[choice]

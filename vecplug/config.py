@@ -8,7 +8,9 @@ The YAML file mirrors the sections below (unknown keys are rejected)::
     search: {k: 10, mode: xy, debias: null, rerank: null, rerank_depth: 50}
 
 Each key can also be set from the environment as ``VECPLUG_<SECTION>_<KEY>``, e.g.
-``VECPLUG_INDEX_STORE=qdrant`` or ``VECPLUG_SEARCH_K=5``; ``VECPLUG_CONFIG`` names a file.
+``VECPLUG_INDEX_STORE=qdrant`` or ``VECPLUG_SEARCH_K=5`` (a ``VECPLUG_<SECTION>_`` variable that
+names no key is rejected, as an unknown YAML key is); ``VECPLUG_CONFIG`` names a file.
+Language codes (``corpus.lang``, ``search.lang``, ``search.langs``) are stripped and lower-cased.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from vecplug.errors import ConfigError
 from vecplug.types import HNSW_DEFAULTS
@@ -26,6 +28,17 @@ from vecplug.types import HNSW_DEFAULTS
 MODES = ("xy", "mono", "prefer")
 QUANTIZE = ("auto", "none", "int8")
 RUNTIMES = ("torch", "onnx")
+#: field metadata of a language code setting, normalised as :func:`normalise_langs` does
+LANG_CODES: Mapping[str, Any] = {"lang_codes": True}
+
+
+def normalise_langs(value: str | Iterable[Any] | None) -> tuple[str, ...]:
+    """Language codes as the detector writes them (``"de"``): stripped, lower-cased, empty
+    entries dropped; a string is split at commas (``" de , FR"`` -> ``("de", "fr")``)."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(code for code in (str(v).strip().lower() for v in items) if code)
 
 
 @dataclass(frozen=True)
@@ -54,8 +67,11 @@ class ModelSettings:
     document: str | None = None
     #: query encoder; None = the document encoder
     query: str | None = None
-    query_max_length: int = 64
-    document_max_length: int = 256
+    #: tokens kept of a query / a document; None: what the index was built with (its
+    #: manifest), else 64 / 256. An index refuses documents cut at another length (their
+    #: vectors would not match those it holds)
+    query_max_length: int | None = None
+    document_max_length: int | None = None
     query_prefix: str | None = None
     document_prefix: str | None = None
     batch_tokens: int = 8192
@@ -82,7 +98,7 @@ class CorpusSettings:
     chunk_overlap: int = 32
     embed_fields: tuple[str, ...] = ("title", "description", "text")
     #: language of every document (skips detection), e.g. "de"
-    lang: str | None = None
+    lang: str | None = field(default=None, metadata=LANG_CODES)
     max_file_mb: int = 64
 
 
@@ -91,9 +107,9 @@ class SearchSettings:
     k: int = 10
     mode: str = "xy"
     #: the query's language (skips detection)
-    lang: str | None = None
+    lang: str | None = field(default=None, metadata=LANG_CODES)
     #: answer only in these languages (xy and prefer modes); empty = every language
-    langs: tuple[str, ...] = ()
+    langs: tuple[str, ...] = field(default=(), metadata=LANG_CODES)
     #: prefer mode: added to the score of documents in the query's language
     prefer_boost: float = 0.05
     #: remove each language's mean vector before scoring (None: the index's setting)
@@ -125,7 +141,7 @@ class Settings:
                             ("model.batch_tokens", self.model.batch_tokens),
                             ("search.rerank_depth", self.search.rerank_depth),
                             ("search.rerank_max_length", self.search.rerank_max_length)):
-            if value < 1:
+            if value is not None and value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
         if self.search.ef is not None and self.search.ef < 1:
             raise ConfigError(f"search.ef must be at least 1, not {self.search.ef}")
@@ -198,13 +214,24 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _lang_codes(value: Any) -> Any:
+    """A language code setting normalised: a tuple as :func:`normalise_langs`, one code the
+    same way (blank: None)."""
+    if isinstance(value, tuple):
+        return normalise_langs(value)
+    codes = normalise_langs(None if value is None else [value])
+    return codes[0] if codes else None
+
+
 def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(type(base))
-    known = {f.name for f in dataclasses.fields(base)}
-    unknown = sorted(set(values) - known)
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
     changes = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    # every source (flag, env, YAML) gives codes the way the index stores them: " FR" -> "fr"
+    changes = {k: _lang_codes(v) if fields[k].metadata.get("lang_codes") else v for k, v in changes.items()}
     return dataclasses.replace(base, **changes)
 
 
@@ -227,12 +254,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def env_values(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The ``VECPLUG_<SECTION>_<KEY>`` variables by section. One that starts like a section's
+    but names none of its keys is an error (a typo would otherwise be ignored); other
+    ``VECPLUG_*`` variables (``VECPLUG_HOME``, ``VECPLUG_CONFIG``) are not settings."""
     out: dict[str, dict[str, str]] = {}
     for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            key = f"VECPLUG_{section.upper()}_{f.name.upper()}"
-            if key in environ:
-                out.setdefault(section, {})[f.name] = environ[key]
+        prefix = f"VECPLUG_{section.upper()}_"
+        keys = {f"{prefix}{f.name.upper()}": f.name for f in dataclasses.fields(cls)}
+        for name in sorted(n for n in environ if n.startswith(prefix)):
+            if name not in keys:
+                raise ConfigError(f"environment: {name} names no {section} setting; the {section} keys are "
+                                  f"{', '.join(sorted(keys.values()))} (as {prefix}<KEY>)")
+            out.setdefault(section, {})[keys[name]] = environ[name]
     return out
 
 

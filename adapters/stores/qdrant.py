@@ -209,8 +209,9 @@ def _scroll(page: Callable[[Any], tuple[list[Any], Any]]) -> Iterator[str]:
             return
 
 
-def _retry(fn: Callable[..., _T], *args: Any, tries: int = 3, **kwargs: Any) -> _T:
-    """Call ``fn``; retry connection errors, timeouts, 429 and 5xx with backoff."""
+def _retry(fn: Callable[..., _T], *args: Any, tries: int = 3, where: str = "", **kwargs: Any) -> _T:
+    """Call ``fn``; retry connection errors, timeouts, 429 and 5xx with backoff. ``where``
+    (the server's URL) is named when it stays unreachable."""
     from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
     for attempt in range(tries):
         try:
@@ -224,7 +225,8 @@ def _retry(fn: Callable[..., _T], *args: Any, tries: int = 3, **kwargs: Any) -> 
                         "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")):
                 raise
             if attempt == tries - 1:
-                raise VecplugError(f"qdrant unreachable after {tries} tries: {exc}") from exc
+                at = f" at {where}" if where else ""  # the error alone says only "Connection refused"
+                raise VecplugError(f"qdrant unreachable{at} after {tries} tries: {exc}") from exc
             time.sleep(0.5 * 2 ** attempt)
     raise AssertionError("unreachable")
 
@@ -243,6 +245,7 @@ class _Server:
             raise MissingDependencyError("qdrant-client", extra="qdrant",
                                          purpose="the qdrant store") from None
         self.m, self.name = models, str(options.get("collection", "vecplug"))
+        self.location = location
         self.where = f"collection '{self.name}' at {location}"
         self.owned = options.get("client") is None  # never close a caller's client
         self.acorn = bool(options.get("acorn", True))  # for large filters: see search_params
@@ -254,64 +257,68 @@ class _Server:
         opts = getattr(self.client, "init_options", None) or {}
         self.local = opts.get("location") == ":memory:" or bool(opts.get("path"))
 
+    def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``fn(*args, **kwargs)`` with :func:`_retry`, naming this server if it is unreachable."""
+        return _retry(fn, *args, where=self.location, **kwargs)
+
     def meta(self) -> dict[str, Any] | None:
         """Our metadata entry; None when the collection or the entry is absent."""
-        if not _retry(self.client.collection_exists, self.name):
+        if not self._call(self.client.collection_exists, self.name):
             return None
-        meta = (_retry(self.client.get_collection, self.name).config.metadata or {}).get(META_KEY)
+        meta = (self._call(self.client.get_collection, self.name).config.metadata or {}).get(META_KEY)
         return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
 
     def create(self, dim: int, meta: dict[str, Any]) -> None:
-        if _retry(self.client.collection_exists, self.name):
+        if self._call(self.client.collection_exists, self.name):
             if self.meta() is None:  # someone else's collection: never drop it
                 raise VecplugError(f"{self.where} exists and is not a vecplug index")
-            _retry(self.client.delete_collection, self.name)
+            self._call(self.client.delete_collection, self.name)
         # a filter matching few vectors is searched exactly, as in the embedded store; a server
         # keeps its other HNSW defaults
-        _retry(self.client.create_collection, self.name, metadata={META_KEY: meta},
-               vectors_config=self.m.VectorParams(size=dim, distance=self.m.Distance.COSINE),
-               hnsw_config=self.m.HnswConfigDiff(full_scan_threshold=full_scan_threshold(dim)))
+        self._call(self.client.create_collection, self.name, metadata={META_KEY: meta},
+                   vectors_config=self.m.VectorParams(size=dim, distance=self.m.Distance.COSINE),
+                   hnsw_config=self.m.HnswConfigDiff(full_scan_threshold=full_scan_threshold(dim)))
         with warnings.catch_warnings():  # local mode warns that payload indexes are no-ops
             warnings.simplefilter("ignore")
-            _retry(self.client.create_payload_index, self.name, "lang",
-                   self.m.PayloadSchemaType.KEYWORD, wait=True)
+            self._call(self.client.create_payload_index, self.name, "lang",
+                       self.m.PayloadSchemaType.KEYWORD, wait=True)
 
     def save_meta(self, meta: dict[str, Any]) -> None:
         # update_collection merges metadata by top-level key: only ours is replaced
-        _retry(self.client.update_collection, self.name, metadata={META_KEY: meta})
+        self._call(self.client.update_collection, self.name, metadata={META_KEY: meta})
 
     def upsert(self, ids: list[str], vecs: np.ndarray, payloads: list[dict[str, Any]]) -> None:
         points = [self.m.PointStruct(id=i, vector=v.tolist(), payload=p)
                   for i, v, p in zip(ids, vecs, payloads)]
-        _retry(self.client.upsert, self.name, points, wait=True)  # idempotent: safe to retry
+        self._call(self.client.upsert, self.name, points, wait=True)  # idempotent: safe to retry
 
     def delete(self, ids: list[str]) -> None:
-        _retry(self.client.delete, self.name, self.m.PointIdsList(points=ids), wait=True)
+        self._call(self.client.delete, self.name, self.m.PointIdsList(points=ids), wait=True)
 
     def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
         m = self.m
         flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
         params = None if self.local else search_params(m, ef, bool(flt), self.acorn)
-        res = _retry(self.client.query_points, self.name, query=vec.tolist(), limit=k,
-                     query_filter=flt or None, with_payload=True, search_params=params)
+        res = self._call(self.client.query_points, self.name, query=vec.tolist(), limit=k,
+                         query_filter=flt or None, with_payload=True, search_params=params)
         return [(p.payload or {}, float(p.score)) for p in res.points]
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
-        return [p.payload or {} for p in _retry(self.client.retrieve, self.name, ids)]
+        return [p.payload or {} for p in self._call(self.client.retrieve, self.name, ids)]
 
     def retrieve_vectors(self, ids: list[str]) -> dict[str, list[float]]:
-        points = _retry(self.client.retrieve, self.name, ids, with_payload=["_id"], with_vectors=True)
+        points = self._call(self.client.retrieve, self.name, ids, with_payload=["_id"], with_vectors=True)
         return {(p.payload or {})["_id"]: p.vector for p in points}
 
     def scroll_ids(self) -> Iterator[str]:
-        return _scroll(lambda off: _retry(self.client.scroll, self.name, limit=1000, offset=off,
-                                          with_payload=["_id"], with_vectors=False))
+        return _scroll(lambda off: self._call(self.client.scroll, self.name, limit=1000, offset=off,
+                                              with_payload=["_id"], with_vectors=False))
 
     def count(self) -> int:
-        return int(_retry(self.client.count, self.name, exact=True).count)
+        return int(self._call(self.client.count, self.name, exact=True).count)
 
     def facet(self) -> dict[str, int]:
-        hits = _retry(self.client.facet, self.name, "lang", limit=100_000, exact=True).hits
+        hits = self._call(self.client.facet, self.name, "lang", limit=100_000, exact=True).hits
         return {str(h.value): int(h.count) for h in hits}
 
     def commit(self, meta: dict[str, Any]) -> None:
@@ -322,7 +329,7 @@ class _Server:
         (the server keeps its files; ids and counts are checked by ``vecplug verify`` itself)."""
         if self.meta() is None:
             return [f"{self.where} is missing or holds no vecplug manifest"]
-        params = _retry(self.client.get_collection, self.name).config.params.vectors
+        params = self._call(self.client.get_collection, self.name).config.params.vectors
         size = getattr(params, "size", None)
         if size is not None and int(size) != dim:
             return [f"{self.where} holds vectors of dimension {size}, its manifest says {dim}"]
