@@ -223,13 +223,22 @@ def _lang_codes(value: Any) -> Any:
     return codes[0] if codes else None
 
 
+def _norwegian(value: Any) -> Any:
+    """YAML 1.1 reads an unquoted ``no`` (Norwegian) as false; no other language code reads as
+    a boolean."""
+    if isinstance(value, list):
+        return [_norwegian(v) for v in value]
+    return "no" if value is False else value
+
+
 def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(type(base))
     fields = {f.name: f for f in dataclasses.fields(base)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
-    changes = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    changes = {k: _coerce(_norwegian(v) if fields[k].metadata.get("lang_codes") else v, hints[k], f"{where}.{k}")
+               for k, v in values.items()}
     # every source (flag, env, YAML) gives codes the way the index stores them: " FR" -> "fr"
     changes = {k: _lang_codes(v) if fields[k].metadata.get("lang_codes") else v for k, v in changes.items()}
     return dataclasses.replace(base, **changes)
