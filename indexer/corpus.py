@@ -27,10 +27,13 @@ file over ``max_file_bytes``                   reported; at most ``max_file_byte
 empty, whitespace-only or BOM-only file        reported
 UTF-8 BOM; UTF-16/32 LE/BE with BOM            decoded (BOM removed)
 UTF-16/32 with BOM but undecodable             reported with the line
-NUL in the first 8192 characters (binary,      reported ("binary file")
-  UTF-16 without BOM)
+.txt .md: NUL in the first 8192 characters     reported ("binary file")
+  (binary, UTF-16 without BOM)
+.jsonl .csv: NUL in the first 8192             reported ("binary file"): binary data
+  characters, >= 10% of them NUL or
+  undecodable, on over half of their lines
 invalid UTF-8 / a later NUL in .txt .md        file reported with the line of the first one
-invalid UTF-8 / a NUL in .jsonl .csv           that line (record) reported, the rest read
+invalid UTF-8 / another NUL in .jsonl .csv     that line (record) reported, the rest read
 CRLF, lone CR                                  decoded as a line break (lines are counted so)
 U+2028, U+0085, form feed...                   kept as characters, not line breaks
 huge single-line text (under the limit)        chunked; tokenized in blocks of ~64K chars
@@ -46,10 +49,12 @@ JSONL: duplicate key in any object             line reported, naming the key ("l
 JSONL: ``\u0000`` or lone surrogate escape     line reported (cannot be stored as UTF-8)
 CSV: duplicate column name in the header       file reported at the header line
 CSV: field over ``csv_field_limit``            record reported with its first line; read on
-                                               at the next line
-CSV: bad quoting (``"a"b``)                    record reported; read on at the next line
-CSV: unclosed quote                            reported at its line: the rest of the file is
-                                               that one field
+                                               at the line after that first line
+CSV: bad quoting (``"a"b``)                    record reported; read on at the line after
+                                               its first line
+CSV: unclosed quote (runs to the end of the    record reported at its first line; read on at
+  file, or into a bad quote further on)        the line after it (later records are kept)
+CSV: quoted field over several lines           read as one record; later line numbers right
 CSV: more cells than the header                row reported (fewer cells: missing fields)
 record without any embedded field              reported
 record id ``../x``, ``/etc/passwd``, ``C:\x``   kept as given: an id is a label inside the
@@ -86,8 +91,11 @@ SUFFIXES = TEXT_SUFFIXES + RECORD_SUFFIXES
 #: record fields with a meaning; other fields are kept as payload
 KNOWN_FIELDS = ("id", "text", "title", "description", "url", "lang")
 DEFAULT_EMBED_FIELDS = ("title", "description", "text")
-#: a NUL among the first characters means binary data (as git and grep decide)
+#: a NUL among the first characters means binary data (as git and grep decide); in a
+#: .jsonl/.csv file only when that prefix is also bad throughout (see :func:`looks_binary`)
 BINARY_SNIFF_CHARS = 8192
+#: share of NUL or undecodable characters from which a record file's prefix is binary data
+BINARY_BAD_SHARE = 0.1
 #: texts are tokenized in blocks of about this many characters: a tokenizer's output for a
 #: whole big file (tens of bytes per token) would dwarf the file itself
 BLOCK_CHARS = 1 << 16
@@ -237,9 +245,9 @@ class CorpusReader:
             self.files += 1
             self._file_problems = 0
             rel = self.rel(path)
-            text = self._read_text(target, rel)
+            suffix = path.suffix.lower()
+            text = self._read_text(target, rel, suffix in RECORD_SUFFIXES)
             if text is not None:
-                suffix = path.suffix.lower()
                 if suffix in TEXT_SUFFIXES:
                     yield from self._passages(path, rel, text)
                 elif suffix == ".jsonl":
@@ -257,8 +265,8 @@ class CorpusReader:
         if self._file_problems <= self.options.max_problems_per_file:
             self.problems.append(Problem(rel, reason, line))
 
-    def _read_text(self, target: Path, rel: str) -> str | None:
-        text = self._read_or_report(target, rel)
+    def _read_text(self, target: Path, rel: str, records: bool = False) -> str | None:
+        text = self._read_or_report(target, rel, records)
         if text is None:
             self.unread.add(rel)
         elif not _NON_SPACE.search(text):  # read fine, and holds no documents
@@ -266,7 +274,7 @@ class CorpusReader:
             return None
         return text
 
-    def _read_or_report(self, target: Path, rel: str) -> str | None:
+    def _read_or_report(self, target: Path, rel: str, records: bool = False) -> str | None:
         limit = self.options.max_file_bytes
         try:
             raw = read_file(target, limit)
@@ -286,7 +294,7 @@ class CorpusReader:
         if isinstance(text, Problem):
             self._report(rel, text.reason, text.line)
             return None
-        if "\x00" in text[:BINARY_SNIFF_CHARS]:
+        if looks_binary(text, records):
             self._report(rel, "binary file (NUL bytes)")
             return None
         return text
@@ -335,21 +343,28 @@ class CorpusReader:
 
     def _csv(self, rel: str, text: str) -> Iterator[Document]:
         # strict: bad quoting and an unclosed quote are errors (reported), not guesses
-        reader = csv.reader(lines(text, keepends=True), strict=True)
+        source = _CsvLines(text)
+        reader = csv.reader(source, strict=True)
         header: list[str] | None = None
         while True:
-            line = reader.line_num + 1  # where the next record starts
+            line = source.start_record()  # where the next record starts
             try:
                 with _csv_field_limit(self.options.csv_field_limit):
                     row = next(reader)
             except StopIteration:
                 break
-            except csv.Error as exc:
+            except (csv.Error, _Unclosed) as exc:
                 if header is None:
                     self._report(rel, f"malformed CSV header: {exc}: file skipped", line)
                     return
                 self._report(rel, f"malformed CSV: {exc}", line)
-                continue  # the csv reader goes on at the next line
+                # an open quote swallows the lines after it (up to the end of the file):
+                # only the first line surely belongs to the broken record. Over the field
+                # limit is csv's only error that depends on more than the text from here
+                # ("field larger than field limit (N)")
+                source.resume_after_first_line(
+                    None if isinstance(exc, _Unclosed) or "field limit" in str(exc) else str(exc))
+                continue
             if not row:
                 continue  # blank line
             bad = next((m for m in map(_BAD_TEXT.search, row) if m), None)
@@ -491,6 +506,31 @@ def decode(raw: bytes | bytearray) -> str | Problem:
     return _normalise_newlines(raw.decode("utf-8", errors="surrogateescape"))
 
 
+def looks_binary(text: str, records: bool = False) -> bool:
+    """Whether decoded ``text`` is binary data rather than text: a NUL among its first
+    BINARY_SNIFF_CHARS characters.
+
+    In a record file (``records``) a NUL also has to come with many bad characters: a
+    .jsonl/.csv file is read line by line, so a stray NUL costs only its line (reported),
+    and calling the file binary would lose every good record. Binary data (gzip, PNG,
+    UTF-16 without BOM) is bad all through: at least BINARY_BAD_SHARE of the prefix is NUL
+    or undecodable bytes (random bytes: about half; UTF-16 of ASCII: half NULs), on most of
+    its lines. Both, so that neither one long junk line among good ones nor one short
+    record with a NUL makes a file binary; and a file without a NUL stays text, as before
+    (Latin-1 text: its undecodable lines are reported one by one).
+    """
+    head = text[:BINARY_SNIFF_CHARS]
+    if "\x00" not in head:
+        return False
+    if not records:
+        return True
+    bad = sum(1 for _ in _BAD_TEXT.finditer(head))
+    if bad < BINARY_BAD_SHARE * len(head):
+        return False
+    rows = [row for row in head.split("\n") if _NON_SPACE.search(row)]
+    return 2 * sum(1 for row in rows if _BAD_TEXT.search(row)) > len(rows)
+
+
 def _normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
@@ -584,6 +624,71 @@ def _bad_value(obj: Any) -> str | None:
         elif isinstance(item, list):
             stack.extend(item)
     return None
+
+
+class _Unclosed(Exception):
+    """A record is inside a quoted field at a line start where an earlier record was, and
+    that one failed: this one meets the same error (its message is the exception's)."""
+
+
+class _CsvLines:
+    """The lines of a text for csv.reader, which can go back to the line after a record's
+    first one: a quote left open makes the reader take every line after it (to the end of
+    the file, or to a quote that then reads as bad quoting), and they are other records.
+
+    Going back must not make reading quadratic (n lines that each open a quote, each read
+    to the end). Between records the parser is at a line start outside quotes; inside a
+    record, at each further line start it is in a quoted field. From there what follows
+    decides alone where it ends: a record inside a quote at a line start that a failed
+    record crossed fails the same way, so it is failed at once (:class:`_Unclosed`).
+    Not so for a field over the size limit (that depends on where the field began): going
+    back after those is bounded by a budget of one reading of the text.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0  # of the next line
+        self.line = 0  # lines handed out
+        self.record = (0, 1)  # (pos, line) where the current record starts
+        self.doomed = (0, 0)  # line starts [a, b) that a failed record crossed in a quote
+        self.doomed_by = ""  # the error it failed with
+        self.budget = len(text)
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        if self.pos >= len(self.text):
+            raise StopIteration
+        if self.pos != self.record[0] and self.doomed[0] <= self.pos < self.doomed[1]:
+            raise _Unclosed(self.doomed_by)
+        end = self.text.find("\n", self.pos)
+        end = len(self.text) if end < 0 else end + 1
+        piece = self.text[self.pos:end]
+        self.pos, self.line = end, self.line + 1
+        return piece
+
+    def start_record(self) -> int:
+        """The line number where the next record starts."""
+        self.record = (self.pos, self.line + 1)
+        return self.record[1]
+
+    def resume_after_first_line(self, error: str | None) -> None:
+        """After a failed record: go on at the line after its first one. ``error``: why it
+        failed, when that follows from the text alone (None: the field size limit, or a
+        record cut by :class:`_Unclosed`, whose region is known already)."""
+        start, line = self.record
+        after = self.text.find("\n", start)
+        after = len(self.text) if after < 0 else after + 1
+        if self.pos <= after:
+            return  # a one-line record: the reader is there already
+        if error is not None:
+            self.doomed, self.doomed_by = (after, self.pos), error
+        elif self.budget < self.pos - after:
+            return  # read on where the reader stopped (inside the record, maybe)
+        else:
+            self.budget -= self.pos - after
+        self.pos, self.line = after, line
 
 
 @contextmanager

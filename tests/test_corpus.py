@@ -1,6 +1,8 @@
 import codecs
+import gzip
 import json
 import re
+import zlib
 from pathlib import Path
 
 from vecplug.indexer.corpus import CorpusOptions, CorpusReader, chunk
@@ -94,3 +96,97 @@ def test_hidden_folders_skipped_and_file_limit(tmp_path: Path) -> None:
     docs, problems = read(tmp_path, max_file_bytes=1000)
     assert docs == []
     assert [p.path for p in problems] == ["big.txt"]
+
+
+def test_a_nul_near_the_start_of_a_record_file_costs_only_its_line(tmp_path: Path) -> None:
+    # the 8192-character binary sniff used to skip these whole files, every good record lost
+    good = [json.dumps({"id": f"r{i}", "text": f"record {i}"}) for i in range(1, 201)]
+    six = good[:6]
+    six[1] = '{"id": "r2", "text": "stray \x00 NUL"}'
+    (tmp_path / "six.jsonl").write_text("\n".join(six) + "\n")
+    many = list(good)
+    many[1] = six[1]
+    (tmp_path / "many.jsonl").write_text("\n".join(many) + "\n")
+    (tmp_path / "t.csv").write_text("id,text\n1,one\n2,stray \x00 NUL\n3,three\n")
+    docs, problems = read(tmp_path)
+    assert [(p.path, p.line, p.reason) for p in problems] == [
+        ("many.jsonl", 2, "NUL character"), ("six.jsonl", 2, "NUL character"),
+        ("t.csv", 3, "NUL character")]
+    ids = {d.id for d in docs}
+    assert len([i for i in ids if i.startswith("six.jsonl#")]) == 5
+    assert len([i for i in ids if i.startswith("many.jsonl#")]) == 199
+    assert "many.jsonl#r200" in ids and "six.jsonl#r2" not in ids
+    assert {"t.csv#1", "t.csv#3"} <= ids
+
+
+def test_binary_data_named_jsonl_or_csv_is_one_problem(tmp_path: Path) -> None:
+    payload = "".join(json.dumps({"id": i, "text": f"text number {i * 7919}"}) + "\n" for i in range(3000))
+    (tmp_path / "gz.jsonl").write_bytes(gzip.compress(payload.encode(), mtime=0))
+    # a PNG: signature, IHDR, then compressed pixels
+    pixels = zlib.compress(bytes((i * 31 + i // 7) % 256 for i in range(60_000)))
+    (tmp_path / "png.csv").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(13) + pixels)
+    (tmp_path / "utf16.jsonl").write_bytes(payload[:20_000].encode("utf-16-le"))  # no BOM
+    docs, problems = read(tmp_path)
+    assert docs == []
+    assert [(p.path, p.line, p.reason) for p in problems] == [
+        (name, None, "binary file (NUL bytes)") for name in ("gz.jsonl", "png.csv", "utf16.jsonl")]
+
+
+
+def test_binary_needs_both_many_bad_characters_and_most_lines_bad(tmp_path: Path) -> None:
+    # one record: a NUL is 1 character in 40, not binary data
+    (tmp_path / "one.jsonl").write_text('{"text": "only record, with \x00 a NUL"}\n')
+    # a line of 4000 junk bytes among good lines: most characters bad, but one line of 21
+    junk = bytes((i * 37) % 256 for i in range(4000)).replace(b"\n", b"").replace(b"\r", b"")
+    good = [json.dumps({"text": f"good {i}"}).encode() for i in range(20)]
+    (tmp_path / "junk.jsonl").write_bytes(b"\n".join(good[:1] + [junk] + good[1:]) + b"\n")
+    docs, problems = read(tmp_path)
+    assert [(p.path, p.line) for p in problems] == [("junk.jsonl", 2), ("one.jsonl", 1)]
+    assert len(docs) == 20
+
+
+def test_a_nul_in_a_text_file_still_skips_it(tmp_path: Path) -> None:
+    (tmp_path / "early.txt").write_bytes(b"line one\nline \x00 two\nline three\n")
+    (tmp_path / "late.md").write_bytes(b"# T\n\n" + b"word " * 2000 + b"\nlate \x00 NUL\n")
+    docs, problems = read(tmp_path)
+    assert docs == []
+    assert [(p.path, p.line, p.reason) for p in problems] == [
+        ("early.txt", None, "binary file (NUL bytes)"),
+        ("late.md", 4, "NUL character: file skipped")]
+
+
+def test_an_unclosed_csv_quote_loses_only_its_record(tmp_path: Path) -> None:
+    (tmp_path / "badquote.csv").write_text(
+        'id,text\nx,"unclosed text\ny,good text\nz,more good text\nw,last good text\n')
+    docs, problems = read(tmp_path)
+    assert [(p.path, p.line, p.reason) for p in problems] == [
+        ("badquote.csv", 2, "malformed CSV: unexpected end of data")]
+    assert [(d.id, d.position, d.text) for d in docs] == [
+        ("badquote.csv#y", 3, "good text"), ("badquote.csv#z", 4, "more good text"),
+        ("badquote.csv#w", 5, "last good text")]
+
+
+def test_two_unclosed_csv_quotes_each_lose_only_their_record(tmp_path: Path) -> None:
+    # the first open quote runs into the second one (a bad quote there): line 3 is still read
+    (tmp_path / "t.csv").write_text('id,text\na,"open one\nb,good\nc,"open two\nd,good too\n')
+    docs, problems = read(tmp_path)
+    assert [(p.line, p.reason) for p in problems] == [
+        (2, "malformed CSV: ',' expected after '\"'"), (4, "malformed CSV: unexpected end of data")]
+    assert [(d.id, d.position) for d in docs] == [("t.csv#b", 3), ("t.csv#d", 5)]
+
+
+def test_multiline_quoted_csv_fields_keep_later_line_numbers(tmp_path: Path) -> None:
+    (tmp_path / "m.csv").write_text(
+        'id,text\n'                                   # 1
+        'a,"first line\nsecond, with comma\n\nfourth ""quoted"""\n'  # 2-5
+        'b,plain\n'                                   # 6
+        'c,too,many\n'                                # 7
+        'd,"two\nlines"\n'                            # 8-9
+        'e,"never closed\n'                           # 10
+        'f,after\n')                                  # 11
+    docs, problems = read(tmp_path)
+    assert [(p.line, p.reason) for p in problems] == [
+        (7, "row has more cells than the header"), (10, "malformed CSV: unexpected end of data")]
+    assert [(d.id, d.position, d.text) for d in docs] == [
+        ("m.csv#a", 2, 'first line\nsecond, with comma\n\nfourth "quoted"'),
+        ("m.csv#b", 6, "plain"), ("m.csv#d", 8, "two\nlines"), ("m.csv#f", 11, "after")]

@@ -146,8 +146,8 @@ def make_fixture(base: Path) -> Path:
         b"c7,Sep,sep\xe2\x80\xa8here\n"                          # 9: U+2028 in a field
         b"../c8,Path,dotdot csv id\n"                            # 10
         b"c9,Last,last good row\n"                               # 11
-        b'c10,Open,"unclosed quote\n'                            # 12
-        b"c11,Lost,inside the unclosed field\n")                 # 13
+        b'c10,Open,"unclosed quote\n'                            # 12: to the end
+        b"c11,After,read on after the unclosed quote\n")         # 13
     (root / "dup_header.csv").write_text("id,text,text\n1,a,b\n")
 
     # -- symlinks --
@@ -240,6 +240,7 @@ EXPECTED_IDS = {
     "records.jsonl#C:\\win\\path", "records.jsonl#42", "records.jsonl#L24", "records.jsonl#r28",
     "huge_line.jsonl#h",
     "table.csv#c1", "table.csv#c5", "table.csv#c7", "table.csv#../c8", "table.csv#c9",
+    "table.csv#c11",
 }
 
 
@@ -387,6 +388,38 @@ def test_csv_field_limit_is_not_left_changed(tmp_path: Path) -> None:
     assert csv.field_size_limit() == before  # also between two records
     assert [d.id for d in docs] == ["t.csv#2"]
     assert csv.field_size_limit() == before
+
+
+
+def test_an_unclosed_quote_over_the_field_limit_loses_only_its_record(tmp_path: Path) -> None:
+    # the open field hits the size limit long before the end: read on after its first line
+    good = "".join(f"g{i},good row {i}\n" for i in range(300))
+    (tmp_path / "t.csv").write_text('id,text\nx,"unclosed\n' + good)
+    docs, problems = read(tmp_path, csv_field_limit=1000)
+    assert [(p.line, p.reason) for p in problems] == [
+        (2, "malformed CSV: field larger than field limit (1000)")]
+    assert [d.id for d in docs] == [f"t.csv#g{i}" for i in range(300)]
+
+
+def test_csv_quotes_opening_on_every_line_are_read_in_linear_time(tmp_path: Path) -> None:
+    # each line opens a quote, also from inside one (x"," closes it and "y opens the next):
+    # going back to the next line after each would read the rest again every time
+    n = 40_000
+    (tmp_path / "open.csv").write_text("id,text\n" + 'n,x","y\n' * n)
+    # the same, running into a bad quote (a"b: bad inside a quote only), then into a field
+    # over the limit: going back after that is budgeted, then read on after the long line
+    (tmp_path / "bad.csv").write_text("id,text\n" + 'n,x","y\n' * n + 'last,a"b\nok,read\n')
+    (tmp_path / "limit.csv").write_text("id,text\n" + 'n,x","y\n' * n + "z" * 2000 + "\nok,read\n")
+    docs, problems = read(tmp_path, csv_field_limit=1000, max_problems_per_file=3)
+    assert [(p.path, p.line) for p in problems] == [
+        ("bad.csv", 2), ("bad.csv", 3), ("bad.csv", 4), ("bad.csv", None),
+        ("limit.csv", 2), ("limit.csv", 3),
+        ("open.csv", 2), ("open.csv", 3), ("open.csv", 4), ("open.csv", None)]
+    assert all("',' expected after '\"'" in p.reason for p in problems[:3])
+    assert all("field limit" in p.reason for p in problems[4:6])
+    assert all("unexpected end of data" in p.reason for p in problems[6:9])
+    assert problems[3].reason == problems[-1].reason == f"{n - 3} more problems in this file not listed"
+    assert [d.id for d in docs] == ["bad.csv#last", "bad.csv#ok", "limit.csv#ok"]
 
 
 def test_problems_per_file_are_capped(tmp_path: Path) -> None:
