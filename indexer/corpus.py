@@ -343,7 +343,7 @@ class CorpusReader:
 
     def _csv(self, rel: str, text: str) -> Iterator[Document]:
         # strict: bad quoting and an unclosed quote are errors (reported), not guesses
-        source = _CsvLines(text)
+        source = CsvLines(text)
         reader = csv.reader(source, strict=True)
         header: list[str] | None = None
         while True:
@@ -353,17 +353,12 @@ class CorpusReader:
                     row = next(reader)
             except StopIteration:
                 break
-            except (csv.Error, _Unclosed) as exc:
+            except (csv.Error, CsvUnclosed) as exc:
                 if header is None:
                     self._report(rel, f"malformed CSV header: {exc}: file skipped", line)
                     return
                 self._report(rel, f"malformed CSV: {exc}", line)
-                # an open quote swallows the lines after it (up to the end of the file):
-                # only the first line surely belongs to the broken record. Over the field
-                # limit is csv's only error that depends on more than the text from here
-                # ("field larger than field limit (N)")
-                source.resume_after_first_line(
-                    None if isinstance(exc, _Unclosed) or "field limit" in str(exc) else str(exc))
+                source.resume_after_failure(exc)
                 continue
             if not row:
                 continue  # blank line
@@ -626,12 +621,12 @@ def _bad_value(obj: Any) -> str | None:
     return None
 
 
-class _Unclosed(Exception):
+class CsvUnclosed(Exception):
     """A record is inside a quoted field at a line start where an earlier record was, and
     that one failed: this one meets the same error (its message is the exception's)."""
 
 
-class _CsvLines:
+class CsvLines:
     """The lines of a text for csv.reader, which can go back to the line after a record's
     first one: a quote left open makes the reader take every line after it (to the end of
     the file, or to a quote that then reads as bad quoting), and they are other records.
@@ -640,7 +635,7 @@ class _CsvLines:
     to the end). Between records the parser is at a line start outside quotes; inside a
     record, at each further line start it is in a quoted field. From there what follows
     decides alone where it ends: a record inside a quote at a line start that a failed
-    record crossed fails the same way, so it is failed at once (:class:`_Unclosed`).
+    record crossed fails the same way, so it is failed at once (:class:`CsvUnclosed`).
     Not so for a field over the size limit (that depends on where the field began): going
     back after those is bounded by a budget of one reading of the text.
     """
@@ -654,14 +649,14 @@ class _CsvLines:
         self.doomed_by = ""  # the error it failed with
         self.budget = len(text)
 
-    def __iter__(self) -> _CsvLines:
+    def __iter__(self) -> CsvLines:
         return self
 
     def __next__(self) -> str:
         if self.pos >= len(self.text):
             raise StopIteration
         if self.pos != self.record[0] and self.doomed[0] <= self.pos < self.doomed[1]:
-            raise _Unclosed(self.doomed_by)
+            raise CsvUnclosed(self.doomed_by)
         end = self.text.find("\n", self.pos)
         end = len(self.text) if end < 0 else end + 1
         piece = self.text[self.pos:end]
@@ -673,10 +668,20 @@ class _CsvLines:
         self.record = (self.pos, self.line + 1)
         return self.record[1]
 
+    def resume_after_failure(self, exc: Exception) -> None:
+        """After a record failed with ``exc``: go on at the line after its first one.
+
+        An open quote swallows the lines after it (up to the end of the file): only the first
+        line surely belongs to the broken record. Over the field limit is csv's only error
+        that depends on more than the text from here ("field larger than field limit (N)").
+        """
+        self.resume_after_first_line(
+            None if isinstance(exc, CsvUnclosed) or "field limit" in str(exc) else str(exc))
+
     def resume_after_first_line(self, error: str | None) -> None:
         """After a failed record: go on at the line after its first one. ``error``: why it
         failed, when that follows from the text alone (None: the field size limit, or a
-        record cut by :class:`_Unclosed`, whose region is known already)."""
+        record cut by :class:`CsvUnclosed`, whose region is known already)."""
         start, line = self.record
         after = self.text.find("\n", start)
         after = len(self.text) if after < 0 else after + 1

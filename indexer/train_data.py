@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug.errors import ConfigError
-from vecplug.indexer.corpus import _csv_field_limit, parse_json
+from vecplug.indexer.corpus import CsvLines, CsvUnclosed, _csv_field_limit, parse_json
 from vecplug.indexer.datasets import _lines
 from vecplug.types import Problem
 
@@ -279,32 +279,28 @@ def _jsonl_records(path: Path, report: _Reporter) -> Iterator[tuple[int, dict[st
         report(p.reason, p.line)
 
 
-def _raw_lines(path: Path) -> Iterator[str]:
-    # bytes split at \n only; an undecodable line is kept with surrogate escapes so the csv
-    # reader's line count stays right, and the record holding it is reported (_BAD_TEXT)
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            yield raw.decode("utf-8", "surrogateescape")
-
-
 def _csv_records(path: Path, report: _Reporter, names: Mapping[str, tuple[str, ...]],
                  required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
-    reader = csv.reader(_raw_lines(path), dialect=dialect, strict=True)
+    # lines split at \n only; an undecodable line is kept with surrogate escapes so the line
+    # count stays right, and the record holding it is reported (_BAD_TEXT). CsvLines lets an
+    # unclosed quote cost its record, not the rest of the file
+    text = path.read_bytes().decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+    source = CsvLines(text)
+    reader = csv.reader(source, dialect=dialect, strict=True)
     header: list[str] | None = None
     while True:
-        lineno = reader.line_num + 1  # where the next record starts
+        lineno = source.start_record()  # where the next record starts
         try:
             with _csv_field_limit(CSV_FIELD_LIMIT):
                 row = next(reader)
         except StopIteration:
             break
-        except csv.Error as exc:
+        except (csv.Error, CsvUnclosed) as exc:
             if header is None:
                 raise ConfigError(f"{path}: malformed header: {exc}") from None
             report(f"malformed CSV: {exc}", lineno)
+            source.resume_after_failure(exc)
             continue
         if not row or not any(cell.strip() for cell in row):
             continue  # blank line

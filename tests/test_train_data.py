@@ -179,6 +179,18 @@ def test_bad_csv_rows(tmp_path: Path) -> None:
     assert "'positive' is missing" in problems[0].reason and "UTF-8" in problems[3].reason
 
 
+def test_unclosed_csv_quote_costs_its_record_only(tmp_path: Path) -> None:
+    path = tmp_path / "open.csv"
+    path.write_bytes(b"anchor,positive\n"
+                     b'a,"spans\ntwo lines"\n'  # 2-3 ok: a quoted field over two lines
+                     b'b,"never closed\n'        # 4 unclosed: would swallow the rest
+                     b"c,d\n"                    # 5 ok
+                     b"e,f\n")                   # 6 ok
+    examples, problems = load(path, "pairs")
+    assert [e.where for e in examples] == [f"{path}:2", f"{path}:5", f"{path}:6"]
+    assert [p.line for p in problems] == [4] and "malformed CSV" in problems[0].reason
+
+
 def test_labelled_csv_nan_label(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "l.csv", ["text1", "text2", "label"],
                      [["a", "b", "nan"], ["a", "b", "inf"], ["a", "b", "1"]])
