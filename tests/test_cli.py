@@ -195,6 +195,8 @@ def test_language_codes_from_flags_are_normalised(corpus: Path, tiny_model: Path
     q = "the quick brown fox jumps over the lazy dog"
     only = json.loads(run("search", q, "--json", "--langs", " ES , RU,"))
     assert only["hits"] and {h["lang"] for h in only["hits"]} <= {"es", "ru"}
+    out = run("search", q, "--langs", "xx,es")  # a code the index does not hold: said so
+    assert "note: the index has no documents in xx; it has de, en, es, ru" in out
     mono = json.loads(run("search", q, "--json", "--mode", "mono", "--lang", " DE "))
     assert mono["lang"] == "de" and [h["lang"] for h in mono["hits"]] == ["de"]
     # eval's --langs name XQuAD-R files (<lang>.json): the same codes

@@ -138,6 +138,11 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
         "model": {"query_quantize": None if int8 is None else "int8" if int8 else "none"}})
     with Index.open(settings) as index:
         result = index.search(query)
+        held = index.store.languages() if settings.search.langs else {}
+    missing = [code for code in settings.search.langs if not held.get(code)]
+    if missing:  # a filter that matches nothing is most likely a typo: say what there is
+        click.echo(f"note: the index has no documents in {', '.join(missing)}; it has "
+                   f"{', '.join(sorted(c for c, n in held.items() if n)) or 'none'}", err=True)
     if as_json:
         click.echo(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
         return
