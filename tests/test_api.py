@@ -36,9 +36,14 @@ def test_readme_flow(tmp_path: Path, tiny_model: Path) -> None:
             index.search("   ")
 
 
-def test_open_missing_index() -> None:
+def test_open_missing_index(tmp_path: Path) -> None:
     with pytest.raises(vecplug.IndexNotFoundError):
         vecplug.open_index("nowhere")
+    (tmp_path / "a-file").write_text("not an index")  # a file where the folder would be
+    for store in ("hnswlib", "qdrant"):
+        with pytest.raises(vecplug.IndexNotFoundError):
+            vecplug.open_index(settings=vecplug.load_settings(
+                overrides={"index": {"path": str(tmp_path / "a-file"), "store": store}}))
 
 
 def test_reindexing_a_folder_follows_its_changes(tmp_path: Path, tiny_model: Path) -> None:

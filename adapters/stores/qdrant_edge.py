@@ -162,8 +162,8 @@ class _Edge:
         try:
             with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
                 meta = json.load(f)
-        except FileNotFoundError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # nothing there, or a file where a folder would be
         except (OSError, ValueError) as exc:
             raise CorruptIndexError(f"unreadable {MANIFEST} in {folder}: {exc}") from exc
         if not isinstance(meta, dict):
