@@ -160,3 +160,24 @@ def test_the_document_length_limit_is_the_index_s(tmp_path: Path, tiny_model: Pa
         hits = index.search("water", k=5, langs=[" EN ", ""]).hits
         assert len(hits) == 2 and hits == index.search("water", k=5, langs=["en"]).hits
 
+
+
+def test_reader_copy_reaches_the_qdrant_store(tmp_path: Path, tiny_model: Path) -> None:
+    """index.reader_copy (a search service's setting): its reader reads a copy, and a writer
+    that comes later gets the index; without it the writer's error says what to do."""
+    pytest.importorskip("qdrant_edge")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("water boils at one hundred degrees")
+    base = {"index": {"path": str(tmp_path / "q"), "store": "qdrant"}, "model": {"document": str(tiny_model)}}
+    with vecplug.create_index(docs, settings=vecplug.load_settings(overrides=base)):
+        pass
+    (docs / "b.txt").write_text("der schnelle braune fuchs")
+    service = vecplug.load_settings(overrides=base, environ={"VECPLUG_INDEX_READER_COPY": "1"})
+    with vecplug.open_index(settings=service) as reader:
+        assert reader.store.count() == 1
+        with vecplug.create_index(docs, settings=vecplug.load_settings(overrides=base)) as writer:
+            assert writer.report.documents == 1
+    with vecplug.open_index(settings=vecplug.load_settings(overrides=base)) as reader:  # in place
+        with pytest.raises(vecplug.IndexLockedError, match="index.reader_copy: true"):
+            vecplug.create_index(docs, settings=vecplug.load_settings(overrides=base))

@@ -64,6 +64,8 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     options: dict[str, Any] = {"collection": ix.collection}
     if ix.api_key:
         options["api_key"] = ix.api_key
+    if ix.reader_copy:
+        options["snapshot"] = True
     return cls, ix.url or ix.path, options
 
 

@@ -51,6 +51,11 @@ class IndexSettings:
     url: str | None = None
     collection: str = "vecplug"
     api_key: str | None = None
+    #: embedded Qdrant: a reader (search) always reads a private copy of the last commit, so a
+    #: long-lived one (a search service) never keeps a writer out; off, a reader that finds the
+    #: index free opens it in place (no copy: right for one-off searches) and holds it as a
+    #: writer would until it closes
+    reader_copy: bool = False
     hnsw_m: int = HNSW_DEFAULTS["M"]
     hnsw_ef_construction: int = HNSW_DEFAULTS["ef_construction"]
     hnsw_ef_search: int = HNSW_DEFAULTS["ef_search"]

@@ -204,8 +204,11 @@ class _Edge:
                 return self._open_snapshot(self.snapshot_wait)
             if isinstance(exc, IndexLockedError):
                 raise IndexLockedError(
-                    f"the index in {self.folder} is open elsewhere (embedded Qdrant lets one "
-                    "process open it for writing; readers in other processes read a copy)") from None
+                    f"the index in {self.folder} is open elsewhere, in another process: a writer, or a reader "
+                    "that found it free and opened it in place (embedded Qdrant's engine serves "
+                    "one process at a time). Readers opened while a writer works read a copy; to "
+                    "keep long-lived readers from ever holding writers out, open them with "
+                    "index.reader_copy: true (VECPLUG_INDEX_READER_COPY=1)") from None
             raise
         self.lock = lock
         if reader and self.always_copy:  # never keep a writer out: a copy, once all is settled
