@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vecplug.types import Document, Problem
+from vecplug.types import Document, Problem, lang_code
 
 
 class DocumentEncoder(Protocol):
@@ -107,6 +107,7 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     from tqdm.auto import tqdm
 
     report = IndexReport()
+    lang = lang_code(lang)
     tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
     since_commit = 0
@@ -117,9 +118,11 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     # leaves the staged writes half done, so nothing is committed on the way out
     writing = False
     try:
-        for batch in batched(_first_of_each_id(documents, report.problems), batch_size):
-            # language: the flag, else the record's own, else detected
-            batch = [d if (d.lang and not lang) else _with_lang(d, lang or (detect(d.text) if detect else None))
+        for batch in batched(_first_of_each_id(_storable(documents, report.problems), report.problems),
+                             batch_size):
+            # language: the flag, else the record's own, else detected; codes as the detector
+            # writes them, so that filters match ("pt-BR " -> "pt")
+            batch = [_with_lang(d, lang or lang_code(d.lang) or (detect(d.text) if detect else None))
                      for d in batch]
             existing = {r.id: r for r in store.get([d.id for d in batch])}
             todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
@@ -150,7 +153,7 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
                 if since_commit >= commit_every and (
                         commit_cost < SLOW_COMMIT or since_commit >= MAX_UNCOMMITTED
                         or now - last_commit >= commit_cost * (1 - COMMIT_TIME_SHARE) / COMMIT_TIME_SHARE):
-                    store.commit(_stamped(manifest, stats))
+                    store.commit(stamped(manifest, stats))
                     last_commit = time.perf_counter()
                     since_commit, commit_cost = 0, last_commit - now
                 writing = False
@@ -158,7 +161,7 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     except KeyboardInterrupt:
         # Ctrl-C mostly lands in the encoder: keep the documents finished so far
         if since_commit and not writing:
-            store.commit(_stamped(manifest, stats))
+            store.commit(stamped(manifest, stats))
         raise
     finally:
         bar.close()
@@ -166,10 +169,45 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         report.removed = _prune(store, seen, set(keep_sources() if keep_sources else ()), stats, owns)
     wanted = manifest or {}
     if since_commit or report.removed or any(store.manifest.get(k) != v for k, v in wanted.items()):
-        store.commit(_stamped(manifest, stats))
+        store.commit(stamped(manifest, stats))
     report.seconds = time.perf_counter() - start
     report.tokens = (count_tokens() - tokens_before) if count_tokens else 0
     return report
+
+
+def _storable(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:
+    """Documents that can be stored and found; the others reported. The corpus reader never
+    makes the unstorable ones; documents given through the API can be anything."""
+    from vecplug.indexer.corpus import _UNSAFE_LABEL, _bad_value
+
+    for doc in documents:
+        why = None
+        if not isinstance(doc.id, str) or not doc.id.strip():
+            why = "an empty id"
+        elif _UNSAFE_LABEL.search(doc.id):
+            why = "its id holds a control character"
+        elif not isinstance(doc.text, str) or not doc.text.strip():
+            why = "no text"
+        else:
+            why = _bad_value([doc.text, doc.payload]) or _non_finite(doc.payload)
+        if why is None:
+            yield doc
+        else:
+            problems.append(Problem(str(doc.source), f"document {doc.id!r}: {why}: skipped", doc.position))
+
+
+def _non_finite(payload: Any) -> str | None:
+    """A NaN or infinity in a payload would make search results invalid JSON."""
+    stack = [payload]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not np.isfinite(item):
+            return f"its payload holds {item}, which JSON cannot carry"
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
 
 
 def _first_of_each_id(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:
@@ -195,7 +233,8 @@ def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any,
     return len(gone)
 
 
-def _stamped(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any]:
+def stamped(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any]:
+    """What a commit writes into the manifest: ``manifest``, the time, the language stats."""
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return {**(manifest or {}), "updated": now, **(stats.to_manifest() if stats is not None else {})}
 
@@ -203,7 +242,7 @@ def _stamped(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any]:
 def _with_lang(doc: Document, lang: str | None) -> Document:
     from dataclasses import replace
 
-    return replace(doc, lang=lang)
+    return doc if doc.lang == lang else replace(doc, lang=lang)
 
 
 def _unchanged(old: Any, doc: Document) -> bool:

@@ -181,3 +181,39 @@ def test_reader_copy_reaches_the_qdrant_store(tmp_path: Path, tiny_model: Path) 
     with vecplug.open_index(settings=vecplug.load_settings(overrides=base)) as reader:  # in place
         with pytest.raises(vecplug.IndexLockedError, match="index.reader_copy: true"):
             vecplug.create_index(docs, settings=vecplug.load_settings(overrides=base))
+
+
+def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path, tiny_model: Path) -> None:
+    """add_documents: language codes as the detector writes them, unstorable documents
+    reported and skipped; delete_documents keeps the bias statistics in step (verify agrees);
+    search_batch refuses what search refuses, and a languages list that does not fit."""
+    from vecplug.verify import verify_index
+
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    docs = [Document("es1", "el agua hierve a cien grados", "api", lang="ES "),
+            Document("pt1", "a água ferve a cem graus", "api", lang="pt-BR"),
+            Document("de1", "Wasser kocht bei hundert Grad", "api", lang="de"),
+            Document("", "no id", "api"), Document("blank", "   ", "api"),
+            Document("nan", "a payload that JSON cannot carry", "api", payload={"x": float("nan")}),
+            Document("bad\u202eid", "an id that reads backwards", "api")]
+    with vecplug.create_index(settings=settings) as index:
+        report = index.add_documents(docs)
+        assert report.documents == 3
+        assert [p.reason.split(":")[0] for p in report.problems] == [
+            "document ''", "document 'blank'", "document 'nan'", "document 'bad\\u202eid'"]  # shown escaped
+        assert {r.id: r.lang for r in index.store.get(["es1", "pt1", "de1"])} == {"es1": "es", "pt1": "pt", "de1": "de"}
+        assert [h.id for h in index.search("agua", mode="mono", lang="ES")] == ["es1"]
+        assert [h.id for h in index.search("agua", langs=["PT_br"])] == ["pt1"]
+        with pytest.raises(vecplug.VecplugError, match="k must be at least 1"):
+            index.search("agua", k=0)
+        with pytest.raises(vecplug.VecplugError, match="one per query"):
+            index.search_batch(["agua", "wasser"], langs=["es"])
+        with pytest.raises(vecplug.VecplugError, match="a list of queries"):
+            index.search_batch(["agua"], langs="es")
+        with pytest.raises(vecplug.VecplugError, match="query 1 is empty"):
+            index.search_batch(["agua", "  "])
+        assert index.delete_documents(["es1", "nowhere", "es1"]) == 1
+        assert index.store.count() == 2 and index.language_stats.counts.get("es", 0) == 0
+    report = verify_index(settings)
+    assert report.ok, report.problems

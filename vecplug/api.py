@@ -20,7 +20,7 @@ from vecplug._version import __version__
 from vecplug.config import Settings, load_settings, normalise_langs
 from vecplug.errors import IndexNotFoundError, ModelMismatchError, VecplugError
 from vecplug.indexer.pipeline import IndexReport
-from vecplug.types import Document, Hit
+from vecplug.types import Document, Hit, lang_code
 
 DEFAULT_MODEL = "me5-small"
 
@@ -180,6 +180,25 @@ class Index:
         """Encode and store documents (replacing those with the same id); commits at the end."""
         return self._add(documents, lang=lang, progress=progress)
 
+    def delete_documents(self, ids: Iterable[str]) -> int:
+        """Remove the documents with these ids (ids not in the index are ignored) and commit;
+        returns how many were removed. The language statistics of the bias correction are
+        kept in step."""
+        if not self.writable:
+            raise VecplugError("the index was opened read-only")
+        from vecplug.indexer.pipeline import stamped
+
+        try:
+            records = self.store.get(list(dict.fromkeys(ids)))
+            if records:
+                stats = self.language_stats
+                stats.add([r.lang for r in records], self.store.vectors([r.id for r in records]), -1)
+                self.store.delete([r.id for r in records])
+                self.store.commit(stamped({"vecplug_version": __version__}, stats))
+        finally:
+            self._stats = self._means = None
+        return len(records)
+
     def _add(self, documents: Iterable[Document], *, lang: str | None, progress: bool,
              manifest: dict[str, Any] | None = None, prune: bool = False,
              keep_sources: Any = None, owns: Any = None) -> IndexReport:
@@ -283,14 +302,28 @@ class Index:
                      target_langs: Sequence[str] | None = None, rerank: str | None = None,
                      rerank_depth: int | None = None, debias: bool | None = None,
                      ef: int | None = None, progress: bool = False) -> list[SearchResult]:
-        """:meth:`search` for many queries at once (queries are encoded in batches);
-        ``langs`` gives each query's language (None entries are detected)."""
+        """:meth:`search` for many queries at once (queries are encoded in batches).
+
+        Here ``langs`` gives each query's language, one per query (None entries are
+        detected), and ``target_langs`` limits the answers to those languages (what
+        :meth:`search` calls ``langs``)."""
         import numpy as np
 
         from vecplug.adapters import modes
 
         s = self.settings.search
-        k = k or s.k
+        k = s.k if k is None else k
+        if k < 1:
+            raise VecplugError(f"k must be at least 1, not {k}")
+        if isinstance(queries, str) or isinstance(langs, str):
+            raise VecplugError("search_batch takes a list of queries and a list of their languages; "
+                               "for one query, use search()")
+        if langs is not None and len(langs) != len(queries):
+            raise VecplugError(f"langs gives {len(langs)} languages for {len(queries)} queries: one per "
+                               "query (None: detected); target_langs limits the answers' languages")
+        empty = next((i for i, q in enumerate(queries) if not str(q).strip()), None)
+        if empty is not None:
+            raise VecplugError(f"query {empty} is empty")
         mode = mode or s.mode
         if mode not in modes.MODES:
             raise VecplugError(f"unknown mode '{mode}'; modes: {', '.join(modes.MODES)}")
@@ -317,7 +350,7 @@ class Index:
             reranker.warm_up(context)  # models load before the clock starts
         t0 = time.perf_counter()
         given = list(langs) if langs is not None else [None] * len(queries)
-        qlangs = [given[i] or s.lang or detector.detect(q) for i, q in enumerate(queries)]
+        qlangs = [lang_code(given[i]) or s.lang or detector.detect(q) for i, q in enumerate(queries)]
         vectors = encoder.encode_queries(list(queries), progress=progress)
         bad = ~(np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6))
         if bad.any():

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from vecplug.errors import ConfigError
-from vecplug.types import HNSW_DEFAULTS
+from vecplug.types import HNSW_DEFAULTS, lang_code
 
 MODES = ("xy", "mono", "prefer")
 QUANTIZE = ("auto", "none", "int8")
@@ -33,12 +33,13 @@ LANG_CODES: Mapping[str, Any] = {"lang_codes": True}
 
 
 def normalise_langs(value: str | Iterable[Any] | None) -> tuple[str, ...]:
-    """Language codes as the detector writes them (``"de"``): stripped, lower-cased, empty
-    entries dropped; a string is split at commas (``" de , FR"`` -> ``("de", "fr")``)."""
+    """Language codes as the detector writes them (``"de"``): stripped, lower-cased, region
+    subtags dropped (:func:`~vecplug.types.lang_code`), empty entries dropped; a string is
+    split at commas (``" de , FR"`` -> ``("de", "fr")``)."""
     if value is None:
         return ()
     items = value.split(",") if isinstance(value, str) else value
-    return tuple(code for code in (str(v).strip().lower() for v in items) if code)
+    return tuple(code for code in (lang_code(str(v)) for v in items) if code)
 
 
 @dataclass(frozen=True)

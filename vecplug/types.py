@@ -10,6 +10,16 @@ from typing import Any
 HNSW_DEFAULTS: dict[str, int] = {"M": 16, "ef_construction": 200, "ef_search": 128}
 
 
+def lang_code(code: str | None) -> str | None:
+    """A language code as the language detector writes it: ``" pt-BR"`` -> ``"pt"``,
+    ``"ru_RU"`` -> ``"ru"``, blank -> None. Documents are tagged and filtered by these codes,
+    so a region or script subtag, a capital or a space would match nothing."""
+    if code is None:
+        return None
+    primary = str(code).strip().replace("_", "-").split("-")[0].lower()
+    return primary or None
+
+
 @dataclass(frozen=True)
 class Document:
     """One unit of retrieval: a passage of a file or a record of a JSONL/CSV file.
