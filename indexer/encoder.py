@@ -130,7 +130,9 @@ class TextEncoder:
                 except TypeError:  # architectures without a pooler do not take the flag
                     self.model = AutoModel.from_pretrained(str(info.path), trust_remote_code=False)
         self.model.eval()
-        self.model_max_length = int(getattr(self.model.config, "max_position_embeddings", 512))
+        #: the most tokens a text is cut at whatever length a caller asks for (the Encoder
+        #: refuses settings above it; internal callers, e.g. calibration, are capped)
+        self.model_max_length = max_tokens(info)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.quantize, self.runtime = quantize, runtime
         #: the layers in ONNX Runtime (runtime "onnx"); the torch model then only looks up the
@@ -162,8 +164,13 @@ class TextEncoder:
         return self._shared.ids([prefix + t for t in texts], min(max_length, self.model_max_length))
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
-        """Character spans of ``text``'s tokens (no special tokens, no truncation): the chunker's."""
-        return self._shared(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        """Character spans of ``text``'s tokens (no special tokens, no truncation): the chunker's.
+
+        ``verbose=False``: a whole file's block is longer than the model takes by design (only
+        the spans are used, never fed to the model), so transformers' "sequence length is longer
+        than the specified maximum" warning would be a false alarm on every long file."""
+        return self._shared(text, add_special_tokens=False, return_offsets_mapping=True,
+                            verbose=False)["offset_mapping"]
 
     def encode(self, texts: Sequence[str], prefix: str = "", max_length: int = 512,
                progress: bool | None = None, desc: str = "encoding") -> np.ndarray:
@@ -305,12 +312,14 @@ class Encoder:
     ``document`` encodes what gets indexed; ``query`` (default: the same model) encodes
     queries, typically a student distilled from the document encoder. Each side is loaded on
     first use, so a process that only searches never loads the document encoder. Prefixes
-    come from the model (``query: ``/``passage: `` for E5) unless given.
+    come from the model (``query: ``/``passage: `` for E5) unless given. Length limits (tokens)
+    default to 64 / 256, or the model's maximum if it takes fewer; a limit above the model's
+    maximum is a :class:`~vecplug.errors.ConfigError`.
     """
 
     def __init__(self, document: ModelInfo, query: ModelInfo | None = None, *,
-                 query_max_length: int = DEFAULT_QUERY_MAX_LENGTH,
-                 document_max_length: int = DEFAULT_DOCUMENT_MAX_LENGTH,
+                 query_max_length: int | None = None,
+                 document_max_length: int | None = None,
                  query_prefix: str | None = None, document_prefix: str | None = None,
                  batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
                  query_quantize: str | None = "auto", document_quantize: str | None = None,
@@ -341,8 +350,12 @@ class Encoder:
             raise ModelMismatchError(
                 f"query encoder {self.query_info.spec} has dimension {_hidden_size(self.query_info)}, "
                 f"document encoder {document.spec} has {_hidden_size(document)}")
-        self.query_max_length = query_max_length
-        self.document_max_length = document_max_length
+        # checked here, from the models' JSON files (no weights loaded), so a bad limit stops a
+        # run before an index is created with it in its manifest
+        self.query_max_length = _length_limit("model.query_max_length", query_max_length,
+                                              DEFAULT_QUERY_MAX_LENGTH, self.query_info)
+        self.document_max_length = _length_limit("model.document_max_length", document_max_length,
+                                                 DEFAULT_DOCUMENT_MAX_LENGTH, document)
         self.query_prefix = self.query_info.query_prefix if query_prefix is None else query_prefix
         self.document_prefix = document.document_prefix if document_prefix is None else document_prefix
 
@@ -464,6 +477,37 @@ def _hidden_size(info: ModelInfo) -> int:
 
         raise ModelError(f"{info.path}/config.json names no hidden size")
     return int(size)
+
+
+def max_tokens(info: ModelInfo) -> int:
+    """The most tokens ``info``'s model takes, from its JSON files (no weights loaded): its
+    position table's size (512 if its config.json names none), or its tokenizer's
+    ``model_max_length`` if smaller: XLM-R's table holds 514 positions, of which the first two
+    are never used (its positions start after the padding id), and its tokenizer says 512."""
+    import json
+
+    config = json.loads((info.path / "config.json").read_text())
+    limit = int(config.get("max_position_embeddings") or 512)
+    tok_config = info.tokenizer_path / "tokenizer_config.json"
+    if tok_config.is_file():
+        tok_limit = json.loads(tok_config.read_text()).get("model_max_length")
+        if isinstance(tok_limit, (int, float)) and 0 < tok_limit < 1_000_000:  # unset: a huge number
+            limit = min(limit, int(tok_limit))
+    return limit
+
+
+def _length_limit(setting: str, value: int | None, default: int, info: ModelInfo) -> int:
+    """The token limit ``setting`` asks of ``info``'s model: ``value``, else ``default`` (or the
+    model's maximum, if it takes fewer). A value above the maximum is refused, not capped: the
+    texts would be cut at the maximum while the index recorded the value as its limit."""
+    most = max_tokens(info)
+    if value is None:
+        return min(default, most)
+    if value > most:
+        from vecplug.errors import ConfigError
+
+        raise ConfigError(f"{setting} {value} is more than {info.spec} takes ({most} tokens)")
+    return value
 
 
 def _projection_of(info: ModelInfo) -> dict[str, Any] | None:

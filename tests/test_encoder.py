@@ -1,9 +1,13 @@
+import json
+import logging
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from vecplug.errors import ModelError
+from vecplug.errors import ConfigError, ModelError
 from vecplug.indexer.encoder import Encoder, TextEncoder
 from vecplug.indexer.models import resolve_model
 
@@ -146,3 +150,98 @@ def test_auto_quantisation_follows_the_model(tiny_model: Path, monkeypatch: pyte
     monkeypatch.setattr(platform, "machine", lambda: "arm64")  # measured on x86 only
     assert Encoder(measured).query_quantize is None
     assert Encoder(measured, query_quantize="int8").query_quantize == "int8"
+
+
+def test_offsets_of_a_long_text_log_no_length_warning(tiny_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The chunker tokenises whole file blocks, far past the model's 128 tokens, only for their
+    character spans: transformers' "Token indices sequence length is longer than the specified
+    maximum" warning would be a false alarm on every long file (even under ``-q``)."""
+    enc = Encoder.from_specs(str(tiny_model))
+    tok = enc.document.tokenizer
+    long_text = " ".join(TEXTS * 20)
+    once = "sequence-length-is-longer-than-the-specified-maximum"  # transformers warns once per tokenizer
+
+    def warnings_of(call: Callable[[], object]) -> list[str]:
+        tok.deprecation_warnings.pop(once, None)  # re-armed: another test may have fired it
+        caplog.clear()
+        root = logging.getLogger("transformers")  # transformers' loggers do not propagate to caplog's
+        root.addHandler(caplog.handler)
+        try:
+            with caplog.at_level(logging.WARNING, logger="transformers"):
+                call()
+        finally:
+            root.removeHandler(caplog.handler)
+        return [r.getMessage() for r in caplog.records if "sequence length is longer" in r.getMessage()]
+
+    spans: list[tuple[int, int]] = []
+    assert warnings_of(lambda: spans.extend(enc.document.offsets(long_text))) == []
+    assert len(spans) > enc.document.model_max_length
+    # the capture works: the same tokenisation straight through the tokenizer does warn
+    assert len(warnings_of(lambda: tok(long_text, add_special_tokens=False, return_offsets_mapping=True))) == 1
+
+
+def _short_model(tiny_model: Path, folder: Path, positions: int, tokenizer_limit: int | None) -> Path:
+    """The tiny model with a position table of ``positions`` rows (new random weights) and a
+    tokenizer saying ``tokenizer_limit`` tokens (None: saying nothing)."""
+    from transformers import BertConfig, BertModel
+
+    shutil.copytree(tiny_model, folder)
+    config = BertConfig.from_pretrained(str(folder))
+    config.max_position_embeddings = positions
+    BertModel(config, add_pooling_layer=False).save_pretrained(str(folder))
+    tok_file = folder / "tokenizer_config.json"
+    tok_config = json.loads(tok_file.read_text())
+    tok_config.pop("model_max_length", None)
+    if tokenizer_limit is not None:
+        tok_config["model_max_length"] = tokenizer_limit
+    tok_file.write_text(json.dumps(tok_config))
+    return folder
+
+
+def test_length_limits_above_the_models_maximum_are_refused(tiny_model: Path, tmp_path: Path) -> None:
+    """A limit the model cannot take was cut silently to the model's maximum while the index
+    recorded the asked one; now it is a ConfigError naming the setting, the value and the
+    maximum, raised when the encoder is made (before any weights load)."""
+    short = _short_model(tiny_model, tmp_path / "short", positions=32, tokenizer_limit=None)
+    with pytest.raises(ConfigError, match=r"^model\.document_max_length 100000 is more than "
+                                          r".*short takes \(32 tokens\)$"):
+        Encoder.from_specs(str(short), document_max_length=100000)
+    with pytest.raises(ConfigError, match=r"^model\.query_max_length 33 is more than .*short takes \(32 tokens\)$"):
+        Encoder.from_specs(str(short), query_max_length=33)
+    # the defaults (64 / 256) are cut to what the model takes; the maximum itself is allowed
+    enc = Encoder.from_specs(str(short))
+    assert (enc.query_max_length, enc.document_max_length) == (32, 32)
+    assert (enc.describe()["query_max_length"], enc.describe()["document_max_length"]) == (32, 32)
+    full = Encoder.from_specs(str(short), query_max_length=32, document_max_length=32)
+    assert full.encode_documents([" ".join(TEXTS * 5)]).shape == (1, 32)  # runs: nothing past the table
+    # a tokenizer that says fewer tokens than the position table holds (XLM-R: 512 of 514) is the limit
+    xlmr = _short_model(tiny_model, tmp_path / "xlmr", positions=32, tokenizer_limit=30)
+    with pytest.raises(ConfigError, match=r"document_max_length 31 .*\(30 tokens\)"):
+        Encoder.from_specs(str(xlmr), document_max_length=31)
+    assert Encoder.from_specs(str(xlmr)).document_max_length == 30
+    # a model that takes more keeps the project's defaults
+    plain = Encoder.from_specs(str(tiny_model))  # 128 tokens
+    assert (plain.query_max_length, plain.document_max_length) == (64, 128)
+    assert Encoder.from_specs(str(tiny_model), query_max_length=64, document_max_length=128).document_max_length == 128
+
+
+def test_a_too_long_setting_stops_indexing_before_an_index_exists(tiny_model: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``VECPLUG_MODEL_DOCUMENT_MAX_LENGTH=100000 vecplug index docs``: refused, not recorded."""
+    import vecplug
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("water boils at one hundred degrees")
+    monkeypatch.setenv("VECPLUG_MODEL_DOCUMENT_MAX_LENGTH", "100000")
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    assert settings.model.document_max_length == 100000
+    with pytest.raises(ConfigError, match=r"model\.document_max_length 100000 is more than .* \(128 tokens\)"):
+        vecplug.create_index(docs, settings=settings)
+    assert not (tmp_path / "idx").exists() or not any((tmp_path / "idx").iterdir())
+    monkeypatch.delenv("VECPLUG_MODEL_DOCUMENT_MAX_LENGTH")
+    ok = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                          "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(docs, settings=ok) as index:  # the defaults: 64 / the model's 128
+        assert (index.manifest["query_max_length"], index.manifest["document_max_length"]) == (64, 128)
