@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,11 +47,12 @@ class DatasetNotFoundError(VecplugError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class EvalQuery:
-    """One query to evaluate; ``lang`` None means "detect it"."""
+    """One query to evaluate; ``lang`` None means "detect it" (``detected``: it was, not given)."""
 
     id: str
     text: str
     lang: str | None = None
+    detected: bool = False
 
 
 @dataclass
@@ -82,11 +83,29 @@ class EvalDataset:
         """Queries per language (``None`` for queries whose language is not given)."""
         return Counter(q.lang for q in self.queries)
 
+    def with_query_langs(self, detect: Callable[[str], str]) -> "EvalDataset":
+        """A copy whose queries of unknown language carry ``detect(text)`` (marked ``detected``);
+        ``self`` when every query has a language."""
+        if all(q.lang for q in self.queries):
+            return self
+        queries = [q if q.lang else EvalQuery(q.id, q.text, detect(q.text), detected=True)
+                   for q in self.queries]
+        return EvalDataset(self.name, self.documents, queries, self.qrels, self.mono_qrels,
+                           list(self.problems), dict(self.info))
+
     def limited(self, n: int | None) -> "EvalDataset":
         """The first ``n`` queries of each query language (all documents kept: the pool, and so
-        the task's difficulty, does not change); ``None`` or 0 keeps everything."""
+        the task's difficulty, does not change); ``None`` or 0 keeps everything.
+
+        Raises :class:`DatasetError` when a query's language is unknown: lumped together, such
+        queries would be cut to ``n`` in all (give them languages with :meth:`with_query_langs`).
+        """
         if not n:
             return self
+        unknown = sum(not q.lang for q in self.queries)
+        if unknown:
+            raise DatasetError(f"{self.name}: {unknown} queries have no language: detect them before "
+                               "keeping the first queries of each language")
         seen: Counter = Counter()
         kept: list[EvalQuery] = []
         for q in self.queries:

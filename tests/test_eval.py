@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,6 +100,29 @@ def write_beir(folder: Path, bad_lines: bool = True) -> Path:
     return folder
 
 
+#: three queries per language, none tagged: their languages are detected
+UNTAGGED = {"en": ["the quick brown fox jumps over the lazy dog", "water boils at one hundred degrees",
+                   "the lazy dog sleeps in the sun"],
+            "de": ["der schnelle braune fuchs springt über den faulen hund", "wasser kocht bei hundert grad",
+                   "der faule hund schläft in der sonne"],
+            "es": ["el rápido zorro marrón salta sobre el perro perezoso", "el agua hierve a cien grados",
+                   "el perro perezoso duerme al sol"]}
+
+
+def write_beir_untagged(folder: Path) -> Path:
+    """A BEIR folder whose 9 queries (en, de, es interleaved) carry no ``lang``; each query's
+    relevant document is a copy of it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "qrels").mkdir(exist_ok=True)
+    texts = [UNTAGGED[lang][i] for i in range(3) for lang in ("en", "de", "es")]
+    for name, prefix in (("corpus.jsonl", "d"), ("queries.jsonl", "q")):
+        lines = [json.dumps({"_id": f"{prefix}{i}", "text": t}, ensure_ascii=False) for i, t in enumerate(texts)]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    qrels = ["query-id\tcorpus-id\tscore", *(f"q{i}\td{i}\t1" for i in range(len(texts)))]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n", encoding="utf-8")
+    return folder
+
+
 # -- loaders ----------------------------------------------------------------------------------
 
 def test_xquad_r_loader(tmp_path: Path) -> None:
@@ -165,6 +189,23 @@ def test_beir_loader(tmp_path: Path) -> None:
                      ("corpus.jsonl", 6), ("queries.jsonl", 5), ("test.tsv", 6), ("test.tsv", 7),
                      ("test.tsv", 8), ("test.tsv", 9)}
     assert any("NaN" in p.reason for p in ds.problems)
+
+
+def test_limit_per_language_needs_query_languages(tmp_path: Path) -> None:
+    ds = load_beir(write_beir_untagged(tmp_path / "untagged"))
+    assert len(ds.queries) == 9 and ds.query_languages() == {None: 9}
+    # lumped together, untagged queries would be cut to 2 in all: refused, not done quietly
+    with pytest.raises(DatasetError, match="9 queries have no language"):
+        ds.limited(2)
+    lang_of = {t: lang for lang, texts in UNTAGGED.items() for t in texts}
+    tagged = ds.with_query_langs(lambda text: lang_of[text])
+    assert all(q.detected for q in tagged.queries) and not any(q.detected for q in ds.queries)
+    limited = tagged.limited(2)
+    assert [q.id for q in limited.queries] == ["q0", "q1", "q2", "q3", "q4", "q5"]
+    assert limited.query_languages() == {"en": 2, "de": 2, "es": 2}
+    assert set(limited.qrels) == {q.id for q in limited.queries}
+    assert limited.info["limit_per_language"] == 2 and len(limited.documents) == 9
+    assert ds.with_query_langs(lambda text: "xx").with_query_langs(lambda text: "yy").queries[0].lang == "xx"
 
 
 def test_load_dataset_specs(tmp_path: Path) -> None:
@@ -311,6 +352,33 @@ def test_runs() -> None:
         score_runs(small_dataset(), [Run("a"), Run("a")], lambda q: scripted())
 
 
+def test_runs_record_the_effective_debias() -> None:
+    """A run that leaves the correction to the index reports what the index used."""
+    class DebiasingIndex(ScriptedIndex):
+        def _debias(self, debias: bool | None) -> bool:  # as vecplug.api.Index resolves it
+            return True if debias is None else debias
+
+    base = scripted()
+    index = DebiasingIndex(base.rankings, base.scores, DOC_LANGS)
+    runs = make_runs([None], ["xy", "mono"], [None], [None, False])
+    results = score_runs(small_dataset(), runs, lambda q: index, k=3)
+    assert [(r.run.mode, r.run.debias, r.debias) for r in results] == [
+        ("xy", None, True), ("xy", False, False), ("mono", None, True)]
+    as_json = results[0].to_dict()["run"]
+    assert as_json["debias"] is None and as_json["debias_effective"] is True  # asked for, and what it meant
+    # a stand-in that cannot say leaves it unknown
+    assert score_runs(small_dataset(), runs[:1], lambda q: scripted(), k=3)[0].debias is None
+    from vecplug.evaluate import dataset_summary
+
+    report = EvalReport({"date_utc": "d", "platform": "p", "cpu": "c", "cores": 1, "torch_threads": 1,
+                         "load_average": None, "python": "3", "torch": "t", "vecplug": "v", "command": "c",
+                         "cwd": "/"}, dataset_summary(small_dataset()), {}, {"k": 3}, results)
+    md = re.sub(r" +", " ", report.markdown())  # table cells without their padding
+    assert "| language-bias correction | on (the index's setting) | off |" in md
+    assert "on (the index's setting), not applied in mono" in md
+    assert "| default query encoder | xy | on (the index's setting) |" in md
+
+
 def test_report_renders_and_writes(tmp_path: Path) -> None:
     runs = make_runs([None], ["xy", "mono"])
     results = score_runs(small_dataset(), runs, lambda q: scripted(), k=3)
@@ -440,6 +508,34 @@ def test_cli_eval(tmp_path: Path, tiny_model: Path) -> None:
                     "heatmap-xy-default-query-encoder-no-debias.svg"]
 
 
+def test_cli_eval_limit_per_detected_language(tmp_path: Path, tiny_model: Path) -> None:
+    """--limit N keeps the first N queries of each language, detected when the dataset gives
+    none; the report says so, and says the correction the index applied when --debias is not
+    given."""
+    beir = write_beir_untagged(tmp_path / "untagged")
+    out = run_cli("eval", f"beir:{beir}", "--model", str(tiny_model), "--mode", "xy", "--limit", "2",
+                  "--out", str(tmp_path / "out"), "-q")
+    assert "6 queries (de 2, en 2, es 2; the language of 6 detected), the first 2 per language" in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["dataset"]["queries"] == 6 and report["dataset"]["queries_detected"] == 6
+    assert report["dataset"]["queries_by_lang"] == {"de": 2, "en": 2, "es": 2}
+    run = report["runs"][0]
+    assert {q["lang"] for q in run["queries"]} == {"de", "en", "es"}
+    # the correction is on by default for a new index; the report says so rather than null
+    assert run["run"]["debias"] is None and run["run"]["debias_effective"] is True
+    assert "on (the index's setting)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_cli_eval_no_queries_shows_problems(tmp_path: Path, tiny_model: Path) -> None:
+    """When the skipped lines leave nothing to evaluate, they say why."""
+    beir = write_beir(tmp_path / "beir", bad_lines=False)
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td77\t1\n", encoding="utf-8")
+    out = run_cli("eval", f"beir:{beir}", "--model", str(tiny_model), "-q", ok=False)
+    assert "no queries to evaluate" in out
+    assert "document d77 is not in corpus.jsonl" in out
+    assert "skipped " in out  # every skipped line is listed, before the evaluation
+
+
 def test_cli_eval_errors(tmp_path: Path, tiny_model: Path) -> None:
     out = run_cli("eval", f"xquad-r:{tmp_path / 'missing'}", "--model", str(tiny_model), ok=False)
     assert "XQuAD-R folder not found" in out
@@ -448,6 +544,11 @@ def test_cli_eval_errors(tmp_path: Path, tiny_model: Path) -> None:
     assert "BEIR dataset is evaluated whole" in out
     out = run_cli("eval", str(beir), "--mode", "sideways", ok=False)
     assert "sideways" in out
+    # --no-debias is --debias off: beside --debias on it contradicts, rather than meaning both
+    for given in ("on", "both"):
+        result = CliRunner().invoke(cli, ["eval", str(beir), "--model", str(tiny_model), "--debias", given,
+                                          "--no-debias", "-q"])
+        assert result.exit_code == 2 and "--no-debias (= --debias off) contradicts" in result.output
 
 
 def test_rerank_run_tiny_model(tmp_path: Path, tiny_model: Path) -> None:

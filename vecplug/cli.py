@@ -377,17 +377,23 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     from vecplug.evaluate import evaluate, make_runs
     from vecplug.indexer.datasets import load_dataset
 
+    if no_debias and debias in ("on", "both"):
+        # --no-debias is "--debias off": with on (or both) it is a contradiction, not a request
+        raise click.UsageError(f"--no-debias (= --debias off) contradicts --debias {debias}: give one "
+                               "of them (--debias both: one run with the correction, one without)")
     # as search's --langs (normalised by the settings): " DE, en" names de.json and en.json
     lang_list = list(normalise_langs(langs)) or None
-    data = load_dataset(dataset, langs=lang_list, split=split).limited(limit)
-    choice = "off" if no_debias and debias in (None, "off") else ("both" if no_debias else debias)
+    data = load_dataset(dataset, langs=lang_list, split=split)
+    # before evaluating, so that they show also when they leave nothing to evaluate
+    for problem in data.problems:
+        click.echo(f"skipped {problem}", err=True)
+    choice = "off" if no_debias else debias
     debias_values = {None: [None], "on": [True], "off": [False], "both": [False, True]}[choice]
     runs = make_runs(query_encoders or [None], modes, reranks or [None], debias_values)
     log = None if quiet else (lambda message: click.echo(message, err=True))
+    # evaluate applies --limit once every query has a language (detected if not given)
     report = evaluate(data, runs, index_dir=index_path, model=model, rerank_depth=rerank_depth,
-                      progress=not quiet, log=log)
-    for problem in data.problems:
-        click.echo(f"skipped {problem}", err=True)
+                      progress=not quiet, log=log, limit=limit)
     click.echo(report.markdown())
     if out:
         for path in report.write(out, per_query=per_query):

@@ -6,7 +6,9 @@ each *run* searches every query in one batch and is scored:
 * a :class:`Run` is a query encoder (None: the index's default student), a mode (``xy``:
   every language pooled; ``mono``: the query's language only; ``prefer``: pooled, the query's
   language ranked up), a reranker (None: none) and the language-bias correction (None: the
-  index's setting);
+  index's setting; each result records the setting the search used, ``debias_effective``);
+* queries whose language the dataset does not give get the one a search would give them
+  (``search.lang``, else detected), once, before ``limit`` keeps the first N of each language;
 * pooled modes (``xy``, ``prefer``) are scored with the dataset's ``qrels`` (for XQuAD-R the
   answer sentence in every language, LAReQA's X-Y); ``mono`` with ``mono_qrels`` when the
   dataset has them, else ``qrels`` restricted to documents in the query's language;
@@ -153,10 +155,14 @@ class RunResult:
     queries: list[dict[str, Any]]
     #: the encoders the index searched with (``describe()``), when known
     encoder: dict[str, Any] | None = None
+    #: the language-bias correction the searches used: ``run.debias``, else the index's setting
+    #: (None when the index cannot say); mono searches never apply it
+    debias: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run.to_dict(), "encoder": self.encoder, "summary": self.summary,
-                "queries": self.queries}
+        # "debias" stays what the run asked for (None: the index's setting), beside what that meant
+        return {"run": {**self.run.to_dict(), "debias_effective": self.debias}, "encoder": self.encoder,
+                "summary": self.summary, "queries": self.queries}
 
 
 def mode_qrels(dataset: EvalDataset, mode: str, query: EvalQuery, query_lang: str | None,
@@ -268,7 +274,7 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
         doc_langs = {d.id: d.lang for d in dataset.documents}
     queries = dataset.queries
     if not queries:
-        raise VecplugError(f"{dataset.name}: no queries to evaluate")
+        raise no_queries_error(dataset)
     texts = [q.text for q in queries]
     given = [q.lang for q in queries]
     results: dict[int, RunResult] = {}
@@ -308,10 +314,33 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                     rows.append(row)
                 summary = aggregate(rows, pooled)
                 summary["skipped_queries"] = skipped
-                results[i] = RunResult(run, summary, rows, encoder)
+                results[i] = RunResult(run, summary, rows, encoder, _effective_debias(index, run.debias))
         finally:
             index.close()
     return [results[i] for i in range(len(runs))]
+
+
+def no_queries_error(dataset: EvalDataset) -> VecplugError:
+    """The error for a dataset left without queries, with the skipped input that is often why
+    (e.g. every judgement names a document the corpus lacks)."""
+    message = f"{dataset.name}: no queries to evaluate"
+    problems = dataset.problems
+    if problems:
+        shown = "; ".join(str(p) for p in problems[:3])
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        message += (f" ({len(problems)} bad input line{'s' * (len(problems) != 1)} skipped: "
+                    f"{shown}{more})")
+    return VecplugError(message)
+
+
+def _effective_debias(index: Any, debias: bool | None) -> bool | None:
+    """The correction setting a search given ``debias`` uses: ``debias``, else the index's own
+    (:meth:`vecplug.api.Index._debias`: ``search.debias``, else the index's manifest); None when
+    the index cannot say (stand-ins in tests)."""
+    if debias is not None:
+        return debias
+    resolve = getattr(index, "_debias", None)
+    return bool(resolve(None)) if callable(resolve) else None
 
 
 def _check_runs(runs: Sequence[Run]) -> None:
@@ -401,6 +430,8 @@ def dataset_summary(dataset: EvalDataset) -> dict[str, Any]:
         "documents_by_lang": _by_lang(docs),
         "queries": len(dataset.queries),
         "queries_by_lang": _by_lang(queries),
+        #: queries whose language was detected (the dataset did not give it)
+        "queries_detected": sum(q.detected for q in dataset.queries),
         "relevant_pairs": judged,
         "mono_qrels": dataset.mono_qrels is not None,
         "problems": [str(p) for p in dataset.problems],
@@ -416,8 +447,13 @@ def _by_lang(counts: Mapping[str | None, int]) -> dict[str, int]:
 def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path | None = None,
              model: str | None = None, k: int = DEPTH, rerank_depth: int | None = None,
              references: Sequence[Mapping[str, Any]] | None = None, progress: bool = False,
-             command: str | None = None, log: Callable[[str], None] | None = None) -> EvalReport:
+             command: str | None = None, log: Callable[[str], None] | None = None,
+             limit: int | None = None) -> EvalReport:
     """Index ``dataset``'s documents with the document encoder ``model`` and score ``runs``.
+
+    Queries without a language get the one a search would give them (``search.lang``, else
+    detected), once for every run; ``limit`` then keeps the first ``limit`` queries of each
+    language (every document stays in the pool).
 
     ``index_dir``: an index folder to build into and keep, or to reuse when it already holds the
     dataset's documents (unchanged documents are not encoded again); one that holds other
@@ -430,6 +466,12 @@ def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path
     from vecplug.report import machine_info
 
     _check_runs(runs)
+    if not dataset.queries:
+        raise no_queries_error(dataset)  # before the corpus is encoded for nothing
+    # before limiting: the first N of each language needs every query's language (the search
+    # settings do not depend on the index folder)
+    dataset = dataset.with_query_langs(_query_lang_detector(settings_for(None).search.lang))
+    dataset = dataset.limited(limit)
     info = machine_info(command)
     if references is None:
         references = [LAREQA_REFERENCE] if dataset.info.get("format") == "xquad-r" else []
@@ -458,6 +500,24 @@ def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path
                 "runs": [r.to_dict() for r in runs]}
     return EvalReport(info, dataset_summary(dataset), index_info, settings, results,
                       [dict(r) for r in references])
+
+
+def _query_lang_detector(search_lang: str | None) -> Callable[[str], str]:
+    """How :meth:`vecplug.api.Index.search_batch` names the language of a query given none:
+    ``search.lang`` when set, else detected (the detector loads on first use)."""
+    if search_lang:
+        return lambda text: search_lang
+    detector: Any = None
+
+    def detect(text: str) -> str:
+        nonlocal detector
+        if detector is None:
+            from vecplug.indexer.langid import LanguageDetector
+
+            detector = LanguageDetector()
+        return detector.detect(text)
+
+    return detect
 
 
 def _build_index(dataset: EvalDataset, path: str, model: str | None, progress: bool,
@@ -513,8 +573,10 @@ def render_markdown(report: EvalReport) -> str:
     where = f"{d.get('format', '?')} {d.get('path', '')}".strip()
     if d.get("split"):
         where += f", split {d['split']}"
+    detected = d.get("queries_detected")
     out.append(f"- dataset: {where}: {d['documents']:,} documents ({counts(d['documents_by_lang'])}); "
-               f"{d['queries']:,} queries ({counts(d['queries_by_lang'])})"
+               f"{d['queries']:,} queries ({counts(d['queries_by_lang'])}"
+               + (f"; the language of {detected:,} detected" if detected else "") + ")"
                + (f", the first {d['limit_per_language']} per language" if d.get("limit_per_language") else "")
                + f"; {d['relevant_pairs']:,} relevant (query, document) pairs")
     if d["problems"]:
@@ -554,7 +616,8 @@ def render_markdown(report: EvalReport) -> str:
                      "same-language relevance" + ("" if d.get("mono_qrels") else
                                                   " (the judgements restricted to the query's language)"))
         out += ["", f"### {MODE_TITLES[mode]}", "", f"Scored with {relevance}.", ""]
-        rows = [[label, *(fmt(r.summary["overall"][key]) for r in group)] for key, label in METRICS]
+        rows = [["language-bias correction", *(debias_text(r) for r in group)]]
+        rows += [[label, *(fmt(r.summary["overall"][key]) for r in group)] for key, label in METRICS]
         if mode in POOLED:
             rows.append([f"same-language share of top {BIAS_K}",
                          *(pct(r.summary["bias"]["same_lang@10"]) for r in group)])
@@ -593,12 +656,12 @@ def render_markdown(report: EvalReport) -> str:
                 "would give); the score gap is the first-stage score of the relevant same-language "
                 "document minus the mean of the relevant other-language ones (0 = no preference).", ""]
         out.append(markdown_table(
-            ["run", "mode", f"same-language share of top {BIAS_K}", "expected share", "excess",
+            ["run", "mode", "correction", f"same-language share of top {BIAS_K}", "expected share", "excess",
              "score gap (same - other)", "queries with a gap"],
-            [[r.run.label, r.run.mode, pct(r.summary["bias"]["same_lang@10"]),
+            [[r.run.label, r.run.mode, debias_text(r), pct(r.summary["bias"]["same_lang@10"]),
               pct(r.summary["bias"]["expected_same_lang"]), pct(r.summary["bias"]["excess"]),
               fmt(r.summary["bias"]["score_gap"]), f"{r.summary['bias']['score_gap_queries']:,}"]
-             for r in pooled], "llrrrrr"))
+             for r in pooled], "lllrrrrr"))
 
         out += ["", f"### Language pairs: share of queries (rows: query language) whose relevant document "
                     f"in each document language (columns) is in the top {PAIR_K}"]
@@ -622,6 +685,17 @@ def render_markdown(report: EvalReport) -> str:
                        "and fewer relevant sentences per question than LAReQA's 11) and uses other models, "
                        "trained otherwise.")
     return "\n".join(out).rstrip()
+
+
+def debias_text(result: RunResult) -> str:
+    """The correction a run's searches used, for the report: on/off, and whether it was the
+    run's choice or the index's setting (mono searches never apply it)."""
+    state = {True: "on", False: "off", None: "the index's setting"}[result.debias]
+    if result.run.debias is None and result.debias is not None:
+        state += " (the index's setting)"
+    if result.run.mode == "mono":
+        state += ", not applied in mono"
+    return state
 
 
 # -- the heatmap --------------------------------------------------------------------------------
