@@ -199,6 +199,9 @@ def test_language_codes_from_flags_are_normalised(corpus: Path, tiny_model: Path
     assert "note: the index has no documents in xx; it has de, en, es, ru" in out
     mono = json.loads(run("search", q, "--json", "--mode", "mono", "--lang", " DE "))
     assert mono["lang"] == "de" and [h["lang"] for h in mono["hits"]] == ["de"]
+    out = run("search", q * 5, "--mode", "mono", "--lang", "fi")  # no Finnish documents
+    assert "note: no documents in the query's language (fi)" in out
+    assert f"{q[:30]}" in out and "..." in out and q * 2 not in out  # a long query shown cut
     # eval's --langs name XQuAD-R files (<lang>.json): the same codes
     from vecplug.indexer import datasets
 

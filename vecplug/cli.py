@@ -146,8 +146,12 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
     if as_json:
         click.echo(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
         return
-    click.echo(f"query [{result.lang}] {query!r}, mode {result.mode}, {len(result)} results "
+    shown = query if len(query) <= 80 else query[:77] + "..."
+    click.echo(f"query [{result.lang}] {shown!r}, mode {result.mode}, {len(result)} results "
                f"in {result.seconds * 1000:.0f} ms")
+    if result.mode == "mono" and not result.hits:
+        click.echo(f"note: no documents in the query's language ({result.lang}); give it with "
+                   "--lang if it was misdetected", err=True)
     for hit in result:
         title = hit.payload.get("title")
         snippet = " ".join(hit.text.split())
