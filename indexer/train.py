@@ -152,6 +152,34 @@ def _data_record(task: TaskConfig) -> dict[str, Any]:
     return record
 
 
+def _labels_the_loss_takes(examples: list[Any], task: Any, problems: list[Problem]) -> list[Any]:
+    """The examples whose label the task's loss can take; the others reported by path and
+    line and skipped, before the model loads (not an error in the middle of training)."""
+    from vecplug.indexer.losses import DEFAULT_THRESHOLDS
+
+    if task.loss == "cosine_bce":
+        def ok(g: float) -> bool:
+            return g in (0, 1)
+        takes = "labels 0 or 1"
+    elif task.loss == "smooth_ordinal":
+        top = len(task.options.get("thresholds", DEFAULT_THRESHOLDS))
+
+        def ok(g: float) -> bool:
+            return g == int(g) and 0 <= g <= top
+        takes = f"whole grades 0..{top} with {top} thresholds"
+    else:
+        return examples
+    kept = []
+    for ex in examples:
+        if ex.label is None or ok(ex.label):
+            kept.append(ex)
+            continue
+        path, _, line = ex.where.rpartition(":")
+        problems.append(Problem(path, f"label {ex.label:g}: {task.loss} takes {takes}: skipped",
+                                int(line) if line.isdigit() else None))
+    return kept
+
+
 def load_tasks(config: TrainConfig, problems: list[Problem], log: Callable[[str], None],
                embed: Callable[[Sequence[str]], Any] | None = None) -> list[TaskData]:
     """Every task's examples, split into training and held-out, with mined negatives."""
@@ -170,6 +198,7 @@ def load_tasks(config: TrainConfig, problems: list[Problem], log: Callable[[str]
             found: list[Problem] = []
             examples = train_data.load_examples(path, task.format, problems=found, fields=dict(task.fields) or None,
                                                 max_examples=task.max_examples, seed=config.seed)
+            examples = _labels_the_loss_takes(examples, task, found)
             problems += found
             for p in found[:20]:
                 log(f"skipped {p}")

@@ -325,3 +325,31 @@ def test_real_model_few_steps_on_tatoeba_with_xquad_r(tmp_path: Path, built_me5:
     q = encoder.encode_queries(["Wie viele Einwohner hat Berlin?"])
     d = encoder.encode_documents(["Berlin hat etwa 3,7 Millionen Einwohner.", "Der Hund schläft."])
     assert q.shape == (1, 384) and (d @ q[0])[0] > (d @ q[0])[1]
+
+
+def test_labels_a_loss_cannot_take_are_reported_with_their_line(tmp_path: Path) -> None:
+    """cosine_bce takes 0/1, smooth_ordinal whole grades up to its number of thresholds: other
+    labels are skipped with path and line when the data loads, before any model does."""
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import load_tasks
+    from vecplug.types import Problem
+
+    rows = [(1, "a"), (0, "b"), (3, "c"), (1.5, "d"), (2, "e"), (1, "f"), (0, "g")]
+    data = tmp_path / "graded.jsonl"
+    data.write_text("".join(json.dumps({"text1": f"{w} one", "text2": f"{w} two", "label": g}) + "\n"
+                            for g, w in rows))
+    tasks = [{"name": "bce", "data": str(data), "format": "labelled", "loss": "cosine_bce"},
+             {"name": "ordinal", "data": str(data), "format": "labelled", "loss": "smooth_ordinal",
+              "options": {"thresholds": [0.3, 0.6]}}]
+    config = load_train_config(write_config(tmp_path / "t.yaml", model="unused", output=str(tmp_path / "o"),
+                                            tasks=tasks, eval={"held_out": 0.0}))
+    problems: list[Problem] = []
+    loaded = load_tasks(config, problems, log=lambda m: None)
+    assert [len(t.train) for t in loaded] == [4, 5]
+    assert [(p.line, p.reason) for p in problems] == [
+        (3, "label 3: cosine_bce takes labels 0 or 1: skipped"),
+        (4, "label 1.5: cosine_bce takes labels 0 or 1: skipped"),
+        (5, "label 2: cosine_bce takes labels 0 or 1: skipped"),
+        (3, "label 3: smooth_ordinal takes whole grades 0..2 with 2 thresholds: skipped"),
+        (4, "label 1.5: smooth_ordinal takes whole grades 0..2 with 2 thresholds: skipped")]
+    assert all(p.path == str(data) for p in problems)
