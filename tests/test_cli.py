@@ -58,6 +58,8 @@ def test_index_search_info(corpus: Path, tiny_model: Path) -> None:
 
     info = run("info")
     assert "documents:  4" in info and str(tiny_model) in info
+    assert "store:      M 16, ef_construction 200, ef_search 128" in info
+    assert f"source:     {corpus.resolve()}; passages of 200 tokens (32 overlapping)" in info
     manifest = json.loads(run("info", "--json"))["manifest"]
     for key in ("document_encoder", "document_encoder_checksum", "query_encoder", "dim", "normalize",
                 "query_prefix", "document_prefix", "query_max_length", "document_max_length",

@@ -187,6 +187,14 @@ def info_cmd(as_json: bool, **common: Any) -> None:
                f"{m.get('document_quantize') or 'float32'}")
     click.echo(f"language-bias correction: {'on' if m.get('debias') else 'off'} by default "
                "(--debias/--no-debias per search)")
+    store = {k: v for k, v in m.get("store", {}).items() if k not in ("name", "space")}
+    if store:
+        click.echo("store:      " + ", ".join(f"{k} {v}" for k, v in store.items()))
+    corpus = m.get("corpus") or {}
+    if m.get("source_root") or corpus:
+        click.echo(f"source:     {m.get('source_root', '-')}; passages of {corpus.get('chunk_tokens', '?')} "
+                   f"tokens ({corpus.get('chunk_overlap', '?')} overlapping), fields embedded: "
+                   f"{', '.join(corpus.get('embed_fields', [])) or '-'}")
     click.echo(f"built by vecplug {m.get('vecplug_version')}, created {m.get('created')}, "
                f"updated {m.get('updated', '-')}")
 
