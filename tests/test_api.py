@@ -217,3 +217,23 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
         assert index.store.count() == 2 and index.language_stats.counts.get("es", 0) == 0
     report = verify_index(settings)
     assert report.ok, report.problems
+
+
+def test_the_passages_of_a_text_file_share_its_language() -> None:
+    """One detection per .txt/.md file, from its start; records and documents that give their
+    language keep theirs."""
+    from vecplug.api import FILE_LANGUAGE_CHARS, one_language_per_file
+
+    seen: list[str] = []
+
+    def detect(text: str) -> str:
+        seen.append(text)
+        return {"a": "de", "b": "fr"}[text[0]]
+
+    docs = [Document(f"a.md#{i}", "a" + "x" * 3000, "a.md", i) for i in range(3)]
+    docs += [Document("r.jsonl#1", "a record", "r.jsonl", 1), Document("b.txt#0", "b short", "b.txt"),
+             Document("c.txt#0", "given", "c.txt", lang="es")]
+    out = list(one_language_per_file(docs, detect))
+    assert [(d.id, d.lang) for d in out] == [("a.md#0", "de"), ("a.md#1", "de"), ("a.md#2", "de"),
+                                            ("r.jsonl#1", None), ("b.txt#0", "fr"), ("c.txt#0", "es")]
+    assert [len(t) for t in seen] == [FILE_LANGUAGE_CHARS, len("b short")]

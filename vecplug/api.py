@@ -69,6 +69,43 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     return cls, ix.url or ix.path, options
 
 
+#: characters of a text file's start that its language is detected from
+FILE_LANGUAGE_CHARS = 4000
+
+
+def one_language_per_file(documents: Iterable[Document], detect: Any) -> Iterator[Document]:
+    """The passages of a .txt/.md file (one document, cut into passages) get the language of
+    the file's start (its first :data:`FILE_LANGUAGE_CHARS` characters), detected once: a
+    passage alone, short or full of names, is detected less surely, and one file would
+    otherwise come out in several languages (mono searches would miss its passages). Records
+    of .jsonl/.csv files, and documents that give their language, keep theirs."""
+    from dataclasses import replace
+
+    from vecplug.indexer.corpus import TEXT_SUFFIXES
+
+    pending: list[Document] = []
+
+    def flush() -> Iterator[Document]:
+        start = ""
+        for p in pending:  # not the whole file joined: it may be tens of MB
+            start = f"{start} {p.text}" if start else p.text
+            if len(start) >= FILE_LANGUAGE_CHARS:
+                break
+        found = detect(start[:FILE_LANGUAGE_CHARS])
+        yield from (replace(p, lang=found) for p in pending)
+        pending.clear()
+
+    for doc in documents:
+        if pending and doc.source != pending[0].source:
+            yield from flush()
+        if doc.lang is None and Path(doc.source).suffix.lower() in TEXT_SUFFIXES:
+            pending.append(doc)
+        else:
+            yield doc
+    if pending:
+        yield from flush()
+
+
 def _store_in_folder(folder: str) -> str | None:
     """The built-in store whose index is in ``folder``, if any (none of them needs its
     engine to tell)."""
@@ -250,8 +287,10 @@ class Index:
         first = built_from == source_root or (built_from is None and self.store.count() == 0)
         manifest: dict[str, Any] = {"corpus": {"chunk_tokens": c.chunk_tokens, "chunk_overlap": c.chunk_overlap,
                                                "embed_fields": list(c.embed_fields)}}
+        documents: Iterable[Document] = reader.documents()
+        if not (lang or c.lang):
+            documents = one_language_per_file(documents, self.detector.detect)
         if first:
-            documents: Iterable[Document] = reader.documents()
             manifest["source_root"] = source_root
 
             def owns(record: Any) -> bool:  # a file of this folder, not another's or the API's
@@ -262,7 +301,7 @@ class Index:
         else:
             space = source_root if root.is_dir() else str(Path(source_root).parent)
             documents = (replace(d, id=f"{space}/{d.id}", source=f"{space}/{d.source}")
-                         for d in reader.documents())
+                         for d in documents)
 
             def owns(record: Any) -> bool:
                 return record.source.startswith(space + "/")
