@@ -93,6 +93,11 @@ def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:
     assert len(result) == 4
     mono = searcher.search("вода кипит", k=4, mode="mono", lang="ru")
     assert [h.id for h in mono] == ["d2"]
+    some = searcher.search("water", k=4, langs=["de", "zh"], debias=False, ef=64)
+    assert sorted(h.id for h in some) == ["d1", "d3"]
+    # user fields sit under "payload" in the points (as the README says), the language at "lang"
+    points, _ = client.scroll("docs", with_payload=True, limit=10)
+    assert {p.payload["lang"] for p in points} == {"en", "de", "ru", "zh"}
     assert len(searcher.embed_query("water")) == 32
     searcher.close()
     assert client.collection_exists("docs")  # the caller's client is left open

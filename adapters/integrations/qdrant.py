@@ -35,9 +35,13 @@ class QdrantSearcher:
         """The query vector, for calling ``client.query_points`` yourself."""
         return self.index.encoder.encode_queries([text])[0].tolist()
 
-    def search(self, query: str, k: int = 10, *, mode: str = "xy", lang: str | None = None) -> Any:
-        """A :class:`vecplug.api.SearchResult` for ``query``."""
-        return self.index.search(query, k, mode=mode, lang=lang)
+    def search(self, query: str, k: int = 10, *, mode: str = "xy", lang: str | None = None,
+               langs: Any = None, debias: bool | None = None, rerank: str | None = None,
+               rerank_depth: int | None = None, ef: int | None = None) -> Any:
+        """A :class:`vecplug.api.SearchResult` for ``query``; the arguments are
+        :meth:`vecplug.api.Index.search`'s (``langs``: answers only in these languages)."""
+        return self.index.search(query, k, mode=mode, lang=lang, langs=langs, debias=debias,
+                                 rerank=rerank, rerank_depth=rerank_depth, ef=ef)
 
     def close(self) -> None:
         self.index.close()  # the caller's client stays open
