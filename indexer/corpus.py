@@ -764,9 +764,28 @@ def chunk(text: str, offsets: Offsets, size: int, overlap: int,
         passages.append(text[window[0][0]:window[end - 1][1]].strip())
         if not more:
             break
-        window = window[max(end - overlap, 1):]
+        start = max(end - overlap, 1)
+        window = window[_word_start(text, window, start, end) if overlap else start:]
         window.extend(islice(spans, size + 1 - len(window)))
     return [p for p in passages if p]
+
+
+def _word_start(text: str, spans: Sequence[tuple[int, int]], start: int, stop: int) -> int:
+    """The first token from ``start`` (before ``stop``) that does not continue a word, so that
+    an overlapping passage starts at a word ("Landscapes", not "scapes": subword tokens split
+    words); ``start`` itself if there is none. Only scripts that separate words by spaces."""
+    for i in range(start, stop):
+        pos = spans[i][0]
+        if pos == 0 or not (_spaced_letter(text[pos - 1]) and _spaced_letter(text[pos])):
+            return i
+    return start
+
+
+def _spaced_letter(c: str) -> bool:
+    """A letter or digit of a script that puts spaces between words (not CJK, Thai, Lao,
+    Myanmar or Khmer: there any two characters may meet at a word boundary)."""
+    o = ord(c)
+    return c.isalnum() and o < 0x2E80 and not (0x0E00 <= o <= 0x109F or 0x1780 <= o <= 0x17FF)
 
 
 _SENTENCE_END = re.compile(r"[.!?。！？؟\n]\s*$")

@@ -190,3 +190,21 @@ def test_multiline_quoted_csv_fields_keep_later_line_numbers(tmp_path: Path) -> 
     assert [(d.id, d.position, d.text) for d in docs] == [
         ("m.csv#a", 2, 'first line\nsecond, with comma\n\nfourth "quoted"'),
         ("m.csv#b", 6, "plain"), ("m.csv#d", 8, "two\nlines"), ("m.csv#f", 11, "after")]
+
+
+def test_overlapping_passages_start_at_a_word() -> None:
+    """With a subword tokenizer the overlap would often start inside a word ("scapes"); it
+    starts at the next word instead. Text without spaces between words (Chinese) is cut
+    anywhere, as before."""
+    def pieces(text: str) -> list[tuple[int, int]]:  # each word in pieces of up to 3 characters
+        return [(a, min(a + 3, m.end())) for m in re.finditer(r"\S+", text) for a in range(m.start(), m.end(), 3)]
+
+    text = " ".join(f"Landscapes{i:02d}" for i in range(60))
+    parts = chunk(text, pieces, size=40, overlap=10)
+    assert len(parts) > 3 and all(p.startswith("Landscapes") for p in parts)
+    covered = {w for p in parts for w in p.split()}
+    assert covered == set(text.split())
+    zh = "水在一百度沸腾。" * 40
+    chars = [(i, i + 1) for i in range(len(zh))]
+    parts = chunk(zh, lambda t: chars, size=30, overlap=10)
+    assert len(parts[1]) + len(parts[0]) > 30 + 5  # the overlap is kept
