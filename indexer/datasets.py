@@ -365,8 +365,9 @@ def _text(value: Any) -> str:
 
 
 def _lang(value: Any) -> str | None:
-    lang = _text(value).lower()
-    return lang or None
+    from vecplug.types import lang_code
+
+    return lang_code(_text(value))  # as the index stores them: "pt-BR" -> "pt"
 
 
 def beir_splits(folder: str | Path) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -323,7 +323,8 @@ class Encoder:
                  query_prefix: str | None = None, document_prefix: str | None = None,
                  batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
                  query_quantize: str | None = "auto", document_quantize: str | None = None,
-                 runtime: str = "torch", document_int8_version: int | None = None) -> None:
+                 runtime: str = "torch", document_int8_version: int | None = None,
+                 recorded_lengths: Mapping[str, int] | None = None) -> None:
         self.document_info = document
         self.query_info = query if query is not None and query.checksum != document.checksum else document
         self.query_quantize = _quantize_for(query_quantize, self.query_info)
@@ -352,10 +353,16 @@ class Encoder:
                 f"document encoder {document.spec} has {_hidden_size(document)}")
         # checked here, from the models' JSON files (no weights loaded), so a bad limit stops a
         # run before an index is created with it in its manifest
+        # ``recorded_lengths``: an index's manifest, used when no limit is given; one from
+        # before limits were checked may exceed the model (its texts were cut at the model's
+        # maximum then, as now)
+        recorded = recorded_lengths or {}
         self.query_max_length = _length_limit("model.query_max_length", query_max_length,
-                                              DEFAULT_QUERY_MAX_LENGTH, self.query_info)
+                                              DEFAULT_QUERY_MAX_LENGTH, self.query_info,
+                                              recorded.get("query_max_length"))
         self.document_max_length = _length_limit("model.document_max_length", document_max_length,
-                                                 DEFAULT_DOCUMENT_MAX_LENGTH, document)
+                                                 DEFAULT_DOCUMENT_MAX_LENGTH, document,
+                                                 recorded.get("document_max_length"))
         self.query_prefix = self.query_info.query_prefix if query_prefix is None else query_prefix
         self.document_prefix = document.document_prefix if document_prefix is None else document_prefix
 
@@ -496,13 +503,14 @@ def max_tokens(info: ModelInfo) -> int:
     return limit
 
 
-def _length_limit(setting: str, value: int | None, default: int, info: ModelInfo) -> int:
+def _length_limit(setting: str, value: int | None, default: int, info: ModelInfo,
+                  recorded: int | None = None) -> int:
     """The token limit ``setting`` asks of ``info``'s model: ``value``, else ``default`` (or the
     model's maximum, if it takes fewer). A value above the maximum is refused, not capped: the
     texts would be cut at the maximum while the index recorded the value as its limit."""
     most = max_tokens(info)
     if value is None:
-        return min(default, most)
+        return min(default if recorded is None else int(recorded), most)
     if value > most:
         from vecplug.errors import ConfigError
 

@@ -83,17 +83,23 @@ SLOW_COMMIT = 1.0
 MAX_UNCOMMITTED = 100_000
 
 
+#: records read at a time when looking for the ones to remove
+PRUNE_BATCH = 10_000
+
+
 def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         make_record: Callable[[Document], Any], detect: Callable[[str], str] | None,
         lang: str | None = None, batch_size: int = 256, commit_every: int = 4096,
         manifest: dict[str, Any] | None = None, progress: bool = True,
         count_tokens: Callable[[], int] | None = None, stats: Any = None,
         prune: bool = False, keep_sources: Callable[[], Collection[str]] | None = None,
-        owns: Callable[[Any], bool] | None = None) -> IndexReport:
+        owns: Callable[[Any], bool] | None = None,
+        may_own: Callable[[str], bool] | None = None) -> IndexReport:
     """Index ``documents`` into ``store``; returns what was done and what was skipped.
 
     With ``prune`` the store ends up holding exactly ``documents`` among the records that
-    ``owns`` (default: all) says come from the same source: every other such record is
+    ``owns`` (default: all) says come from the same source (``may_own``: a cheap test of
+    the id first, so that the others' records are never read): every other such record is
     removed (in the final commit, so an interrupted run removes nothing), except records
     whose source is in ``keep_sources()`` (files that could not be read this time: their
     last good version stays). Interrupted (Ctrl-C) while encoding, the run commits the
@@ -166,7 +172,7 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     finally:
         bar.close()
     if prune:
-        report.removed = _prune(store, seen, set(keep_sources() if keep_sources else ()), stats, owns)
+        report.removed = _prune(store, seen, set(keep_sources() if keep_sources else ()), stats, owns, may_own)
     wanted = manifest or {}
     if since_commit or report.removed or any(store.manifest.get(k) != v for k, v in wanted.items()):
         store.commit(stamped(manifest, stats))
@@ -224,9 +230,10 @@ def _first_of_each_id(documents: Iterable[Document], problems: list[Problem]) ->
 
 
 def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any,
-           owns: Callable[[Any], bool] | None) -> int:
-    stale = [rid for rid in store.ids() if rid not in seen]
-    gone = [r for r in store.get(stale) if r.source not in keep_sources and (owns is None or owns(r))]
+           owns: Callable[[Any], bool] | None, may_own: Callable[[str], bool] | None) -> int:
+    stale = [rid for rid in store.ids() if rid not in seen and (may_own is None or may_own(rid))]
+    gone = [r for i in range(0, len(stale), PRUNE_BATCH) for r in store.get(stale[i:i + PRUNE_BATCH])
+            if r.source not in keep_sources and (owns is None or owns(r))]
     if gone and stats is not None:
         stats.add([r.lang for r in gone], store.vectors([r.id for r in gone]), -1)
     store.delete([r.id for r in gone])

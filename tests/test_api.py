@@ -98,6 +98,36 @@ def test_reindexing_a_folder_follows_its_changes(tmp_path: Path, tiny_model: Pat
     (other / "z.txt").unlink()
     report, ids, _ = run(other)  # the other folder again: its own deleted file goes
     assert report.removed == 1 and ids == {"a.txt#0", "d.txt#0", "e.txt#0", "faq#1", f"{space}/a.txt#0"}
+    # single files of a third folder: each run owns its file only, not its folder's others
+    third = tmp_path / "third"
+    (third / "sub").mkdir(parents=True)
+    (third / "sub" / "s.txt").write_text("ein Satz im Unterordner")
+    (third / "n1.txt").write_text("the first note")
+    (third / "n2.txt").write_text("the second note")
+    for part in (third / "sub", third / "n1.txt", third / "n2.txt"):
+        report, ids, _ = run(part)
+        assert report.removed == 0 and report.documents == 1
+    t = str(third.resolve())
+    assert {f"{t}/sub/s.txt#0", f"{t}/n1.txt#0", f"{t}/n2.txt#0"} <= ids
+
+
+def test_a_moved_folder_is_still_the_index_s_own(tmp_path: Path, tiny_model: Path) -> None:
+    """The first folder renamed (or mounted elsewhere): its documents are recognised by their
+    relative ids and texts, not encoded again under the new path beside the old ones."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(5):
+        (docs / f"n{i}.txt").write_text(f"note number {i} about water and mountains")
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(docs, settings=settings):
+        pass
+    moved = docs.rename(tmp_path / "moved")
+    (moved / "n0.txt").unlink()
+    with vecplug.create_index(moved, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (0, 4, 1)
+        assert sorted(index.store.ids()) == [f"n{i}.txt#0" for i in range(1, 5)]
+        assert index.manifest["source_root"] == str(moved.resolve())
 
 
 def test_a_folder_holds_the_store_it_was_made_with(tmp_path: Path, tiny_model: Path) -> None:
@@ -213,6 +243,8 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             index.search_batch(["agua"], langs="es")
         with pytest.raises(vecplug.VecplugError, match="query 1 is empty"):
             index.search_batch(["agua", "  "])
+        with pytest.raises(vecplug.VecplugError, match="a list of ids"):
+            index.delete_documents("es1")
         assert index.delete_documents(["es1", "nowhere", "es1"]) == 1
         assert index.store.count() == 2 and index.language_stats.counts.get("es", 0) == 0
     report = verify_index(settings)
@@ -237,3 +269,24 @@ def test_the_passages_of_a_text_file_share_its_language() -> None:
     assert [(d.id, d.lang) for d in out] == [("a.md#0", "de"), ("a.md#1", "de"), ("a.md#2", "de"),
                                             ("r.jsonl#1", None), ("b.txt#0", "fr"), ("c.txt#0", "es")]
     assert [len(t) for t in seen] == [FILE_LANGUAGE_CHARS, len("b short")]
+
+
+def test_an_index_recording_a_limit_past_its_model_still_opens(tmp_path: Path, tiny_model: Path) -> None:
+    """Before limits were checked, an index recorded the asked 256 for a model that takes 128
+    (its texts were cut at 128): it opens, searches and takes documents as before."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("water boils at one hundred degrees")
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(docs, settings=settings) as index:
+        assert index.manifest["document_max_length"] == 128  # the tiny model's maximum
+        index.store.commit({"document_max_length": 256, "query_max_length": 256})  # as recorded then
+    (docs / "b.txt").write_text("der schnelle braune fuchs")
+    with vecplug.create_index(docs, settings=settings) as index:
+        assert index.report.documents == 1 and index.encoder.document_max_length == 128
+        assert len(index.search("water", k=5)) == 2
+    with pytest.raises(vecplug.ModelMismatchError, match="document length limit"):
+        vecplug.create_index(docs, settings=vecplug.load_settings(overrides={
+            "index": {"path": str(tmp_path / "idx")}, "model": {"document": str(tiny_model),
+                                                                 "document_max_length": 64}}))

@@ -76,7 +76,7 @@ def write_beir(folder: Path, bad_lines: bool = True) -> Path:
     corpus = [
         {"_id": "d1", "title": "fox", "text": "the quick brown fox jumps", "lang": "EN", "url": "http://x"},
         {"_id": "d2", "title": "fuchs", "text": "der schnelle braune fuchs springt", "lang": "de"},
-        {"_id": "d3", "title": "", "text": "el agua hierve a cien grados", "lang": "es"},
+        {"_id": "d3", "title": "", "text": "el agua hierve a cien grados", "lang": "es-MX"},
         {"_id": "d4", "title": "wasser", "text": "wasser kocht bei hundert grad", "lang": "de"},
         {"_id": "d5", "text": "the lazy dog over the water"},  # no lang: detected when indexed
     ]
@@ -181,6 +181,7 @@ def test_beir_loader(tmp_path: Path) -> None:
     assert docs["d1"].text == "fox\nthe quick brown fox jumps"  # the title is embedded first
     assert docs["d1"].payload == {"id": "d1", "title": "fox", "url": "http://x"} and docs["d1"].lang == "en"
     assert docs["d3"].text == "el agua hierve a cien grados" and docs["d5"].lang is None
+    assert docs["d3"].lang == "es"  # as the index stores it (the bias measures compare them)
     # only queries with a relevant document; grade 0 means not relevant
     assert [q.id for q in ds.queries] == ["q1", "q2"] and ds.queries[1].lang == "es"
     assert ds.qrels == {"q1": {"d1": 2, "d2": 1}, "q2": {"d3": 1}}

@@ -69,6 +69,8 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     return cls, ix.url or ix.path, options
 
 
+#: documents of a folder compared with the index's to tell its first folder, moved
+RELOCATION_SAMPLE = 16
 #: characters of a text file's start that its language is detected from
 FILE_LANGUAGE_CHARS = 4000
 
@@ -183,20 +185,28 @@ class Index:
             # queries: the flag, else what the index was built with, else the student
             # registered for the document encoder (if any), else the document encoder
             query = m.query or built.get("query_encoder") or DEFAULT_STUDENTS.get(document)
-            # prefixes and lengths: the setting, else the index's, else the encoder's default
+            # prefixes: the setting, else the index's, else the model's; lengths the same way
+            # (the encoder takes the index's as recorded: it may predate the model's cap)
             given = {"query_prefix": m.query_prefix, "document_prefix": m.document_prefix,
                      "query_max_length": m.query_max_length, "document_max_length": m.document_max_length}
-            for key in given:
+            for key in ("query_prefix", "document_prefix"):
                 if given[key] is None and built.get(key) is not None:
                     given[key] = built[key]
+            recorded = {k: built[k] for k in ("query_max_length", "document_max_length")
+                        if isinstance(built.get(k), int)}
             encoder = Encoder.from_specs(
                 document, query, batch_tokens=m.batch_tokens, threads=m.threads,
                 query_quantize=m.query_quantize,
                 document_quantize=m.document_quantize or built.get("document_quantize"),
                 runtime=m.runtime or built.get("runtime") or "torch",
-                document_int8_version=built_int8_version(built),
+                document_int8_version=built_int8_version(built), recorded_lengths=recorded,
                 **{k: v for k, v in given.items() if v is not None})
             if built:
+                from vecplug.indexer.encoder import max_tokens
+
+                if "document_max_length" in recorded:  # texts were never cut past the model's maximum
+                    built = {**built, "document_max_length": min(
+                        recorded["document_max_length"], max_tokens(encoder.document_info))}
                 check_encoder(built, encoder.describe())
             check_query_encoder(encoder.describe())
             self._encoder = encoder
@@ -223,6 +233,8 @@ class Index:
         kept in step."""
         if not self.writable:
             raise VecplugError("the index was opened read-only")
+        if isinstance(ids, str):
+            raise VecplugError("delete_documents takes a list of ids")
         from vecplug.indexer.pipeline import stamped
 
         try:
@@ -238,7 +250,7 @@ class Index:
 
     def _add(self, documents: Iterable[Document], *, lang: str | None, progress: bool,
              manifest: dict[str, Any] | None = None, prune: bool = False,
-             keep_sources: Any = None, owns: Any = None) -> IndexReport:
+             keep_sources: Any = None, owns: Any = None, may_own: Any = None) -> IndexReport:
         from vecplug.adapters.stores import Record
         from vecplug.indexer import pipeline
 
@@ -251,7 +263,8 @@ class Index:
                 lang=lang or self.settings.corpus.lang,
                 manifest={"vecplug_version": __version__, **(manifest or {})},
                 progress=progress, count_tokens=lambda: encoder.document.tokens_seen,
-                stats=self.language_stats, prune=prune, keep_sources=keep_sources, owns=owns)
+                stats=self.language_stats, prune=prune, keep_sources=keep_sources, owns=owns,
+                may_own=may_own)
         finally:
             # the stats may hold writes that were not committed: re-read them when needed
             self._stats = self._means = None
@@ -272,6 +285,7 @@ class Index:
         """
         import os
         from dataclasses import replace
+        from itertools import chain, islice
 
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
@@ -284,17 +298,29 @@ class Index:
             max_file_bytes=c.max_file_mb * 1024 * 1024))
         source_root = str(root.resolve())
         built_from = self.manifest.get("source_root")
-        first = built_from == source_root or (built_from is None and self.store.count() == 0)
         manifest: dict[str, Any] = {"corpus": {"chunk_tokens": c.chunk_tokens, "chunk_overlap": c.chunk_overlap,
                                                "embed_fields": list(c.embed_fields)}}
         documents: Iterable[Document] = reader.documents()
         if not (lang or c.lang):
             documents = one_language_per_file(documents, self.detector.detect)
+        first = built_from == source_root or (built_from is None and self.store.count() == 0)
+        if not first and built_from is not None:
+            # the first folder moved (renamed, mounted elsewhere): its documents are here under
+            # their relative ids with the same text; named by absolute path they would all be
+            # encoded again, beside the old ones
+            head = list(islice(documents, RELOCATION_SAMPLE))
+            documents = chain(head, documents)
+            held = {r.id: r for r in self.store.get([d.id for d in head])}
+            same = sum(1 for d in head if d.id in held and held[d.id].text == d.text)
+            first = same > 0 and 2 * same >= len(head)
         if first:
             manifest["source_root"] = source_root
 
             def owns(record: Any) -> bool:  # a file of this folder, not another's or the API's
                 return not os.path.isabs(record.source) and Path(record.source).suffix.lower() in SUFFIXES
+
+            def may_own(rid: str) -> bool:
+                return not rid.startswith("/")
 
             def keep() -> set[str]:
                 return set(reader.unread)
@@ -302,14 +328,19 @@ class Index:
             space = source_root if root.is_dir() else str(Path(source_root).parent)
             documents = (replace(d, id=f"{space}/{d.id}", source=f"{space}/{d.source}")
                          for d in documents)
+            # a folder owns what lies under it; a file given alone, only its own documents
+            mine = source_root + "/" if root.is_dir() else source_root
 
             def owns(record: Any) -> bool:
-                return record.source.startswith(space + "/")
+                return record.source.startswith(mine) if root.is_dir() else record.source == mine
+
+            def may_own(rid: str) -> bool:
+                return rid.startswith(mine)
 
             def keep() -> set[str]:
                 return {f"{space}/{u}" for u in reader.unread}
         report = self._add(documents, lang=lang, progress=progress, prune=True, manifest=manifest,
-                           keep_sources=keep, owns=owns)
+                           keep_sources=keep, owns=owns, may_own=may_own)
         report.files = reader.files
         report.problems = reader.problems + report.problems
         self.report = report

@@ -103,7 +103,7 @@ def _foreign_files(folder: Path) -> list[str]:
         return []  # not there (yet): making it reports what is in the way
     except OSError as exc:
         raise storage_error(exc, f"cannot read the index folder {folder}") from exc
-    ours = ("writer.lock", STAMP_NAME)
+    ours = ("writer.lock", STAMP_NAME, "lost+found")  # lost+found: a fresh ext4 mount point
     return [n for n in names if n not in ours and not n.startswith((f".{DB_NAME}.", f".{MANIFEST_NAME}."))]
 
 
