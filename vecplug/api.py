@@ -278,8 +278,10 @@ class Index:
         has them) removed; files that cannot be read this time keep their last good version.
         The first folder's documents are named by their paths inside it. Another folder given
         to the same index is added under its absolute path (``/abs/folder/a.txt#0``), so the
-        two never replace each other, and kept up to date the same way by its own runs.
-        Documents added with :meth:`add_documents` are left alone by folder runs unless their
+        two never replace each other, and kept up to date the same way by its own runs (a
+        file given alone: only its own documents). The first folder moved or renamed is
+        recognised by its documents (relative ids and texts the index holds) and stays the
+        first. Documents added with :meth:`add_documents` are left alone by folder runs unless their
         source names a file of the first folder (a relative path ending in .txt, .md, .jsonl
         or .csv).
         """
