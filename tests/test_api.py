@@ -243,6 +243,8 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             index.search_batch(["agua"], langs="es")
         with pytest.raises(vecplug.VecplugError, match="query 1 is empty"):
             index.search_batch(["agua", "  "])
+        with pytest.raises(vecplug.VecplugError, match="empty"):
+            index.search("\u200f\u200e \u200b")  # only bidi marks and a zero-width space
         with pytest.raises(vecplug.VecplugError, match="a list of ids"):
             index.delete_documents("es1")
         assert index.delete_documents(["es1", "nowhere", "es1"]) == 1

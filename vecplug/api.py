@@ -108,6 +108,14 @@ def one_language_per_file(documents: Iterable[Document], detect: Any) -> Iterato
         yield from flush()
 
 
+def _blank(text: str) -> bool:
+    """Nothing to search for: only white space and invisible format characters (bidi marks
+    such as U+200F, zero-width joiners), which a copied right-to-left query may carry."""
+    import unicodedata
+
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+
+
 def _store_in_folder(folder: str) -> str | None:
     """The built-in store whose index is in ``folder``, if any (none of them needs its
     engine to tell)."""
@@ -364,7 +372,7 @@ class Index:
         sets the HNSW search breadth for this query (more exact, slower).
         Unset arguments come from the settings (and ``debias`` from the index).
         """
-        if not query.strip():
+        if _blank(query):
             raise VecplugError("the query is empty")
         return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
                                  rerank=rerank, rerank_depth=rerank_depth, debias=debias, ef=ef)[0]
@@ -393,7 +401,7 @@ class Index:
         if langs is not None and len(langs) != len(queries):
             raise VecplugError(f"langs gives {len(langs)} languages for {len(queries)} queries: one per "
                                "query (None: detected); target_langs limits the answers' languages")
-        empty = next((i for i, q in enumerate(queries) if not str(q).strip()), None)
+        empty = next((i for i, q in enumerate(queries) if _blank(str(q))), None)
         if empty is not None:
             raise VecplugError(f"query {empty} is empty")
         mode = mode or s.mode
