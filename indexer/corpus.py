@@ -604,7 +604,8 @@ def _first_duplicate(items: Sequence[str]) -> str | None:
 
 def _bad_value(obj: Any) -> str | None:
     """Why a parsed record cannot be stored (a ``\\u0000`` or a lone surrogate escape in a
-    key or value), or None. Iterative: values nest as deep as the JSON parser allows."""
+    key or value; a NaN or infinity, which search results as JSON could not carry), or None.
+    Iterative: values nest as deep as the JSON parser allows."""
     stack = [obj]
     while stack:
         item = stack.pop()
@@ -613,10 +614,12 @@ def _bad_value(obj: Any) -> str | None:
             if bad:
                 return ("a string holds \\u0000" if bad.group() == "\x00"
                         else "a string holds a lone surrogate escape (not storable as UTF-8)")
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"a value is {item}, which JSON cannot carry"
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, (list, tuple)):
             stack.extend(item)
     return None
 

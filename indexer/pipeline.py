@@ -195,25 +195,11 @@ def _storable(documents: Iterable[Document], problems: list[Problem]) -> Iterato
         elif not isinstance(doc.text, str) or not doc.text.strip():
             why = "no text"
         else:
-            why = _bad_value([doc.text, doc.payload]) or _non_finite(doc.payload)
+            why = _bad_value([doc.text, doc.payload])
         if why is None:
             yield doc
         else:
             problems.append(Problem(str(doc.source), f"document {doc.id!r}: {why}: skipped", doc.position))
-
-
-def _non_finite(payload: Any) -> str | None:
-    """A NaN or infinity in a payload would make search results invalid JSON."""
-    stack = [payload]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not np.isfinite(item):
-            return f"its payload holds {item}, which JSON cannot carry"
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return None
 
 
 def _first_of_each_id(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:
@@ -234,10 +220,16 @@ def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any,
     stale = [rid for rid in store.ids() if rid not in seen and (may_own is None or may_own(rid))]
     gone = [r for i in range(0, len(stale), PRUNE_BATCH) for r in store.get(stale[i:i + PRUNE_BATCH])
             if r.source not in keep_sources and (owns is None or owns(r))]
-    if gone and stats is not None:
-        stats.add([r.lang for r in gone], store.vectors([r.id for r in gone]), -1)
-    store.delete([r.id for r in gone])
+    remove(store, gone, stats)
     return len(gone)
+
+
+def remove(store: Sink, records: Sequence[Any], stats: Any) -> None:
+    """Delete ``records`` from ``store`` (not committed), their vectors taken out of ``stats``
+    first, so that the bias statistics stay those of what the store holds."""
+    if records and stats is not None:
+        stats.add([r.lang for r in records], store.vectors([r.id for r in records]), -1)
+    store.delete([r.id for r in records])
 
 
 def stamped(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any]:

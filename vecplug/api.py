@@ -243,15 +243,13 @@ class Index:
             raise VecplugError("the index was opened read-only")
         if isinstance(ids, str):
             raise VecplugError("delete_documents takes a list of ids")
-        from vecplug.indexer.pipeline import stamped
+        from vecplug.indexer.pipeline import remove, stamped
 
         try:
             records = self.store.get(list(dict.fromkeys(ids)))
             if records:
-                stats = self.language_stats
-                stats.add([r.lang for r in records], self.store.vectors([r.id for r in records]), -1)
-                self.store.delete([r.id for r in records])
-                self.store.commit(stamped({"vecplug_version": __version__}, stats))
+                remove(self.store, records, self.language_stats)
+                self.store.commit(stamped({"vecplug_version": __version__}, self.language_stats))
         finally:
             self._stats = self._means = None
         return len(records)

@@ -243,10 +243,13 @@ def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
-    changes = {k: _coerce(_norwegian(v) if fields[k].metadata.get("lang_codes") else v, hints[k], f"{where}.{k}")
-               for k, v in values.items()}
-    # every source (flag, env, YAML) gives codes the way the index stores them: " FR" -> "fr"
-    changes = {k: _lang_codes(v) if fields[k].metadata.get("lang_codes") else v for k, v in changes.items()}
+    changes = {}
+    for k, v in values.items():
+        if fields[k].metadata.get("lang_codes"):
+            # every source (flag, env, YAML) gives codes the way the index stores them: " FR" -> "fr"
+            changes[k] = _lang_codes(_coerce(_norwegian(v), hints[k], f"{where}.{k}"))
+        else:
+            changes[k] = _coerce(v, hints[k], f"{where}.{k}")
     return dataclasses.replace(base, **changes)
 
 
