@@ -15,6 +15,10 @@ _NON_HAN_WORD = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff]{2,}")  # words o
 _VARIETIES = {"wuu": "zh", "yue": "zh", "arz": "ar"}
 
 
+#: the characters of a text that its language is detected from
+SAMPLE_CHARS = 2000
+
+
 class LanguageDetector:
     """Detects the language of texts; short or empty texts may give ``"und"``."""
 
@@ -29,7 +33,7 @@ class LanguageDetector:
 
     def detect(self, text: str) -> str:
         # fastText reads one line; long texts gain nothing past a few hundred characters
-        sample = " ".join(text[:2000].split())
+        sample = " ".join(text[:SAMPLE_CHARS].split())
         if not sample:
             return UNDETERMINED
         result = self._detector.detect(sample, model="lite", k=1)

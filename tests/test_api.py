@@ -256,7 +256,8 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
 def test_the_passages_of_a_text_file_share_its_language() -> None:
     """One detection per .txt/.md file, from its start; records and documents that give their
     language keep theirs."""
-    from vecplug.api import FILE_LANGUAGE_CHARS, one_language_per_file
+    from vecplug.api import one_language_per_file
+    from vecplug.indexer.langid import SAMPLE_CHARS
 
     seen: list[str] = []
 
@@ -270,7 +271,7 @@ def test_the_passages_of_a_text_file_share_its_language() -> None:
     out = list(one_language_per_file(docs, detect))
     assert [(d.id, d.lang) for d in out] == [("a.md#0", "de"), ("a.md#1", "de"), ("a.md#2", "de"),
                                             ("r.jsonl#1", None), ("b.txt#0", "fr"), ("c.txt#0", "es")]
-    assert [len(t) for t in seen] == [FILE_LANGUAGE_CHARS, len("b short")]
+    assert [len(t) for t in seen] == [SAMPLE_CHARS, len("b short")]
 
 
 def test_an_index_recording_a_limit_past_its_model_still_opens(tmp_path: Path, tiny_model: Path) -> None:

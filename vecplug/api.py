@@ -71,19 +71,16 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
 
 #: documents of a folder compared with the index's to tell its first folder, moved
 RELOCATION_SAMPLE = 16
-#: characters of a text file's start that its language is detected from
-FILE_LANGUAGE_CHARS = 4000
-
-
 def one_language_per_file(documents: Iterable[Document], detect: Any) -> Iterator[Document]:
     """The passages of a .txt/.md file (one document, cut into passages) get the language of
-    the file's start (its first :data:`FILE_LANGUAGE_CHARS` characters), detected once: a
+    the file's start (as many characters as the detector reads), detected once: a
     passage alone, short or full of names, is detected less surely, and one file would
     otherwise come out in several languages (mono searches would miss its passages). Records
     of .jsonl/.csv files, and documents that give their language, keep theirs."""
     from dataclasses import replace
 
     from vecplug.indexer.corpus import TEXT_SUFFIXES
+    from vecplug.indexer.langid import SAMPLE_CHARS
 
     pending: list[Document] = []
 
@@ -91,9 +88,9 @@ def one_language_per_file(documents: Iterable[Document], detect: Any) -> Iterato
         start = ""
         for p in pending:  # not the whole file joined: it may be tens of MB
             start = f"{start} {p.text}" if start else p.text
-            if len(start) >= FILE_LANGUAGE_CHARS:
+            if len(start) >= SAMPLE_CHARS:
                 break
-        found = detect(start[:FILE_LANGUAGE_CHARS])
+        found = detect(start[:SAMPLE_CHARS])
         yield from (replace(p, lang=found) for p in pending)
         pending.clear()
 
