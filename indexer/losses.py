@@ -267,6 +267,18 @@ def triplet_loss(anchors: torch.Tensor, positives: torch.Tensor, negatives: torc
     return per_anchor[has_negative].mean()
 
 
+def label_rule(loss: str, options: Mapping[str, Any]) -> tuple[Callable[[float], bool], str] | None:
+    """What labels ``loss`` (with its ``options``) takes, one label at a time: a test and its
+    wording; None when it takes any. The same rules the losses check on a batch, for checking
+    training data as it loads."""
+    if loss == "cosine_bce":
+        return (lambda g: g in (0, 1)), "labels 0 or 1"
+    if loss == "smooth_ordinal":
+        top = len(options.get("thresholds", DEFAULT_THRESHOLDS))
+        return (lambda g: g == int(g) and 0 <= g <= top), f"whole grades 0..{top} with {top} thresholds"
+    return None
+
+
 def cosine_bce_loss(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy of ``max(0, cos(a, b))`` against labels in {0, 1} (the Microsoft
     recipe's NLI task: entailment 1, contradiction 0).

@@ -155,20 +155,12 @@ def _data_record(task: TaskConfig) -> dict[str, Any]:
 def _labels_the_loss_takes(examples: list[Any], task: Any, problems: list[Problem]) -> list[Any]:
     """The examples whose label the task's loss can take; the others reported by path and
     line and skipped, before the model loads (not an error in the middle of training)."""
-    from vecplug.indexer.losses import DEFAULT_THRESHOLDS
+    from vecplug.indexer.losses import label_rule
 
-    if task.loss == "cosine_bce":
-        def ok(g: float) -> bool:
-            return g in (0, 1)
-        takes = "labels 0 or 1"
-    elif task.loss == "smooth_ordinal":
-        top = len(task.options.get("thresholds", DEFAULT_THRESHOLDS))
-
-        def ok(g: float) -> bool:
-            return g == int(g) and 0 <= g <= top
-        takes = f"whole grades 0..{top} with {top} thresholds"
-    else:
+    rule = label_rule(task.loss, task.options)
+    if rule is None:
         return examples
+    ok, takes = rule
     kept = []
     for ex in examples:
         if ex.label is None or ok(ex.label):
