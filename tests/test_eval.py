@@ -356,7 +356,7 @@ def test_runs() -> None:
 def test_runs_record_the_effective_debias() -> None:
     """A run that leaves the correction to the index reports what the index used."""
     class DebiasingIndex(ScriptedIndex):
-        def _debias(self, debias: bool | None) -> bool:  # as vecplug.api.Index resolves it
+        def debias_for(self, debias: bool | None) -> bool:  # as vecplug.api.Index resolves it
             return True if debias is None else debias
 
     base = scripted()

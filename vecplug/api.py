@@ -404,7 +404,7 @@ class Index:
             raise VecplugError(f"unknown mode '{mode}'; modes: {', '.join(modes.MODES)}")
         # language codes as the index keeps them: " de , FR" means de and fr
         target = list(normalise_langs(target_langs if target_langs is not None else s.langs)) or None
-        debias = self._debias(debias)
+        debias = self.debias_for(debias)
         ef = ef or s.ef
         if ef is not None and ef < 1:
             raise VecplugError(f"ef must be at least 1, not {ef}")
@@ -464,13 +464,15 @@ class Index:
         from vecplug.adapters.bias import exact_scores
         from vecplug.adapters.stores import StoreHit
 
-        means = self.language_means() if self._debias(debias) else None
+        means = self.language_means() if self.debias_for(debias) else None
         hits = [StoreHit(r, 0.0) for r in self.store.get(list(ids))]
         if len(hits) != len(ids):
             raise VecplugError("score_ids: some ids are not in the index")
         return exact_scores(self.store, means, vector, query_lang, hits)
 
-    def _debias(self, debias: bool | None) -> bool:
+    def debias_for(self, debias: bool | None) -> bool:
+        """Whether a search given ``debias`` applies the language-bias correction: ``debias``,
+        else ``search.debias``, else the index's own setting (its manifest)."""
         if debias is not None:
             return debias
         if self.settings.search.debias is not None:

@@ -335,11 +335,11 @@ def no_queries_error(dataset: EvalDataset) -> VecplugError:
 
 def _effective_debias(index: Any, debias: bool | None) -> bool | None:
     """The correction setting a search given ``debias`` uses: ``debias``, else the index's own
-    (:meth:`vecplug.api.Index._debias`: ``search.debias``, else the index's manifest); None when
+    (:meth:`vecplug.api.Index.debias_for`: ``search.debias``, else the index's manifest); None when
     the index cannot say (stand-ins in tests)."""
     if debias is not None:
         return debias
-    resolve = getattr(index, "_debias", None)
+    resolve = getattr(index, "debias_for", None)
     return bool(resolve(None)) if callable(resolve) else None
 
 
