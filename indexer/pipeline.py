@@ -219,9 +219,21 @@ def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any,
            owns: Callable[[Any], bool] | None, may_own: Callable[[str], bool] | None) -> int:
     stale = [rid for rid in store.ids() if rid not in seen and (may_own is None or may_own(rid))]
     gone = [r for i in range(0, len(stale), PRUNE_BATCH) for r in store.get(stale[i:i + PRUNE_BATCH])
-            if r.source not in keep_sources and (owns is None or owns(r))]
+            if not kept(r.source, keep_sources) and (owns is None or owns(r))]
     remove(store, gone, stats)
     return len(gone)
+
+
+def kept(source: str, keep: Collection[str]) -> bool:
+    """Whether ``source`` is one of ``keep`` or lies in a folder of it: what could not be read
+    this run is a file or a whole folder that could not be listed ("." the folder itself), and
+    the documents of either must outlive the run."""
+    if not keep:
+        return False
+    if source in keep or "." in keep:
+        return True
+    parts = source.split("/")
+    return any("/".join(parts[:i]) in keep for i in range(1, len(parts)))
 
 
 def remove(store: Sink, records: Sequence[Any], stats: Any) -> None:

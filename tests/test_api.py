@@ -111,6 +111,58 @@ def test_reindexing_a_folder_follows_its_changes(tmp_path: Path, tiny_model: Pat
     assert {f"{t}/sub/s.txt#0", f"{t}/n1.txt#0", f"{t}/n2.txt#0"} <= ids
 
 
+def test_a_folder_that_cannot_be_listed_keeps_its_documents(tmp_path: Path, tiny_model: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subfolder (or the folder itself) that cannot be listed on a later run is reported, and
+    the documents indexed from it stay: they may well still be there. Before, only unreadable
+    files were kept, and a locked subfolder's documents were pruned as deleted."""
+    import os
+
+    from vecplug.indexer import corpus
+
+    def make(folder: Path) -> None:  # texts of their own: the same ones would be a moved folder
+        (folder / "sub" / "deeper").mkdir(parents=True)
+        (folder / "top.txt").write_text(f"water boils at one hundred degrees in {folder.name}")
+        (folder / "sub" / "s.txt").write_text(f"der schnelle braune fuchs {folder.name}")
+        (folder / "sub" / "deeper" / "d.txt").write_text(f"el agua hierve {folder.name}")
+        (folder / "subway.txt").write_text("a name that starts like the locked folder")
+
+    docs, other = tmp_path / "docs", tmp_path / "other"
+    make(docs)
+    make(other)
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+
+    def run(folder: Path) -> tuple[vecplug.IndexReport, set[str]]:
+        with vecplug.create_index(folder, settings=settings) as index:
+            return index.report, set(index.store.ids())
+
+    run(docs)
+    _, before = run(other)
+    assert len(before) == 8
+    real_scandir = os.scandir
+    locked: set[Path] = set()
+
+    def scandir(path):  # as root, chmod 000 would not stop us: refuse like the kernel would
+        if Path(path) in locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(corpus.os, "scandir", scandir)
+    for folder in (docs, other):
+        (folder / "subway.txt").unlink()  # a deleted file still goes
+        locked.add((folder / "sub").resolve())
+        report, ids = run(folder)
+        assert report.removed == 1 and [(p.path, p.reason) for p in report.problems] == [
+            ("sub", "cannot list folder: Permission denied")]
+        before.discard("subway.txt#0" if folder == docs else f"{other.resolve()}/subway.txt#0")
+        assert ids == before
+    for folder in (docs, other):
+        locked.add(folder.resolve())
+        report, ids = run(folder)
+        assert report.removed == 0 and ids == before
+
+
 def test_a_moved_folder_is_still_the_index_s_own(tmp_path: Path, tiny_model: Path) -> None:
     """The first folder renamed (or mounted elsewhere): its documents are recognised by their
     relative ids and texts, not encoded again under the new path beside the old ones."""

@@ -343,7 +343,7 @@ class Index:
                 return rid.startswith(mine)
 
             def keep() -> set[str]:
-                return {f"{space}/{u}" for u in reader.unread}
+                return {space if u == "." else f"{space}/{u}" for u in reader.unread}
         report = self._add(documents, lang=lang, progress=progress, prune=True, manifest=manifest,
                            keep_sources=keep, owns=owns, may_own=may_own)
         report.files = reader.files
