@@ -141,6 +141,8 @@ def test_help_is_fast_and_light() -> None:
 def test_search_modes_debias_and_rerank(corpus: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run("index", str(corpus), "--model", str(tiny_model), "--no-debias", "--index", "plain", "-q")
     assert "language-bias correction: off by default" in run("info", "--index", "plain")
+    # info reads the manifest and encodes nothing: an encoder option is refused, not ignored
+    assert "No such option '--model'" in run("info", "--index", "plain", "--model", str(tiny_model), ok=False)
     run("index", str(corpus), "--model", str(tiny_model), "-q")  # on unless asked otherwise
     assert "language-bias correction: on by default" in run("info")
     q = "the quick brown fox jumps over the lazy dog"

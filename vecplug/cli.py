@@ -30,7 +30,8 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Where the index is: what every command on an index takes."""
     options = [
         click.option("--index", "index_path", metavar="DIR", help="Index folder [default: .vecplug]."),
         click.option("--store", help="Store: hnswlib (default) or qdrant."),
@@ -38,6 +39,15 @@ def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--collection", help="Qdrant collection [default: vecplug]."),
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      help="YAML config file (also $VECPLUG_CONFIG)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The store options and the encoders': for the commands that encode."""
+    options = [
         click.option("--model", help="Document encoder: built-in name, folder or hub id "
                                      "[default: the index's, or me5-small]."),
         click.option("--query-encoder", help="Query encoder: the document encoder itself or a student "
@@ -48,12 +58,12 @@ def _index_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for option in reversed(options):
         fn = option(fn)
-    return fn
+    return _store_options(fn)
 
 
 def _settings(config_file: str | None, index_path: str | None, store: str | None, url: str | None,
-              collection: str | None, model: str | None, query_encoder: str | None,
-              runtime: str | None, sections: dict[str, dict[str, Any]] | None = None) -> Any:
+              collection: str | None, model: str | None = None, query_encoder: str | None = None,
+              runtime: str | None = None, sections: dict[str, dict[str, Any]] | None = None) -> Any:
     from vecplug.config import load_settings
 
     overrides: dict[str, dict[str, Any]] = {
@@ -162,7 +172,7 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
 
 
 @cli.command("info")
-@_index_options
+@_store_options  # info reads the manifest: it encodes nothing
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
 def info_cmd(as_json: bool, **common: Any) -> None:
