@@ -249,6 +249,10 @@ class _Server:
         self.where = f"collection '{self.name}' at {location}"
         self.owned = options.get("client") is None  # never close a caller's client
         self.acorn = bool(options.get("acorn", True))  # for large filters: see search_params
+        # an unreachable server: the client's version check (a thread of its own, so no
+        # catch_warnings here can catch it) warns that it cannot get the version, next to our
+        # error naming the URL: noise. Only that message is silenced; a version mismatch shows.
+        warnings.filterwarnings("ignore", message="Failed to obtain server version", category=UserWarning)
         self.client = options.get("client") or QdrantClient(
             url=location, api_key=options.get("api_key"), timeout=options.get("timeout"),
             prefer_grpc=bool(options.get("prefer_grpc", False)))
