@@ -70,6 +70,19 @@ def timed(fn: Callable[[str], Any], texts: Sequence[str], warm: int = 20) -> lis
     return out
 
 
+def interleaved(fns: Sequence[Callable[[str], Any]], texts: Sequence[str]) -> list[list[float]]:
+    """Seconds per call of each of ``fns`` on each text, the functions called in turn on every
+    text (the order rotated), so that the machine's drift falls on all of them alike."""
+    out: list[list[float]] = [[] for _ in fns]
+    for i, text in enumerate(texts):
+        for j in range(len(fns)):
+            k = (i + j) % len(fns)
+            t0 = time.perf_counter()
+            fns[k](text)
+            out[k].append(time.perf_counter() - t0)
+    return out
+
+
 def linear_time(model: Any, tokens: int, reps: int = 100) -> dict[str, Any] | None:
     """The model's linear layers alone, run in order on one query of ``tokens`` tokens on the
     current threads: how much of an encode is matrix multiplies, and at what rate. A query
@@ -167,12 +180,30 @@ def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
         torch.set_num_threads(threads)
         fn(sample[0])  # models (the reranker's teacher too) load outside the clock
         lat = timed(fn, sample)
-        rows.append({"query_encoder": spec, "stage": name, "threads": threads,
-                     "p50_ms": 1000 * percentile(lat, 50), "p95_ms": 1000 * percentile(lat, 95),
-                     "mean_ms": 1000 * float(np.mean(lat))})
-        print(f"{spec} {name} ({threads} threads): p50 {rows[-1]['p50_ms']:.1f} ms",
-              file=sys.stderr, flush=True)
+        rows.append(_row(spec, name, threads, lat, traced=index.encoder.query.graph is not None))
+    query = index.encoder.query
+    if threads == 1 and query.graph is not None:
+        # the torch runtime's traced graph against the eager model, query by query
+        graph = query.graph
+
+        def eager(text: str) -> Any:
+            query.graph = None
+            try:
+                return index.encoder.encode_queries([text])
+            finally:
+                query.graph = graph
+
+        pair = interleaved([lambda t: index.encoder.encode_queries([t]), eager], sample)
+        rows += [_row(spec, "encode, interleaved: traced graph", threads, pair[0], traced=True),
+                 _row(spec, "encode, interleaved: eager", threads, pair[1], traced=False)]
     return rows
+
+
+def _row(spec: str, stage: str, threads: int, lat: Sequence[float], traced: bool) -> dict[str, Any]:
+    row = {"query_encoder": spec, "stage": stage, "threads": threads, "p50_ms": 1000 * percentile(lat, 50),
+           "p95_ms": 1000 * percentile(lat, 95), "mean_ms": 1000 * float(np.mean(lat)), "traced": traced}
+    print(f"{spec} {stage} ({threads} threads): p50 {row['p50_ms']:.1f} ms", file=sys.stderr, flush=True)
+    return row
 
 
 def render(r: dict[str, Any]) -> str:
@@ -188,6 +219,7 @@ def render(r: dict[str, Any]) -> str:
         f"encoding, search, records; the teacher rerank re-scores the top {r['rerank_depth']}). "
         "queries/s of a one-at-a-time row is 1 / mean latency; 'batched' is `search_batch`.",
         "", markdown_table(headers, rows, "llrrrr"), "", *_speed_line(r.get("matmul_1_thread")),
+        *_traced_line(r["rows"]),
         *[f"- {spec}: its {x['layers']} linear layers{_int8_share(x)} alone, on one query of {x['tokens']} tokens (the "
           f"median) on one thread: {x['ms']:.1f} ms for {x['mflop']:.0f} MFLOP, {x['gflops']:.0f} GFLOP/s"
           for spec, x in r.get("linears", {}).items() if x]])
@@ -201,6 +233,16 @@ def _speed_line(speed: dict[str, Any] | None) -> list[str]:
     return [f"- this machine's speed: fp32 {b['size']}x{b['size']} matrix multiply on one thread, median "
             f"{b['median_gflops']:.0f} GFLOP/s before the runs and {a['median_gflops']:.0f} after "
             f"(best {b['best_gflops']:.0f} / {a['best_gflops']:.0f})"]
+
+
+def _traced_line(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Which encoders ran their query model as a traced graph (results from before lack it)."""
+    specs = list(dict.fromkeys(x["query_encoder"] for x in rows if x.get("traced")))
+    if not any("traced" in x for x in rows):
+        return []
+    return [f"- the query model ran as a traced TorchScript graph (`indexer.traced`, made during the "
+            f"warm-up) for: {', '.join(specs) or 'none'}; the 'interleaved' rows time it against the "
+            "eager model, query by query"]
 
 
 def _int8_share(x: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.indexer.models import ModelInfo, quiet_transformers, resolve_model
+from vecplug.indexer.traced import SMALL_FORWARD_TOKENS, TRACE_AFTER
 
 # Measured on XQuAD-R with me5-small (benchmarks/lengths.py): 99.9% of questions fit in
 # 64 tokens with the prefix, and passages are cut at 256 tokens by the chunker anyway.
@@ -159,6 +160,11 @@ class TextEncoder:
         self.dim = int(self.model.config.hidden_size)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
         self.tokens_seen = 0
+        #: torch runtime: the small forward passes run so far (latency-bound ones, queries),
+        #: and the model's traced graph once made (``indexer.traced``: the same vectors without
+        #: torch's per-operation overhead)
+        self.small_forwards, self.graph = 0, None
+        self.trace_after: int | None = TRACE_AFTER if runtime == "torch" else None
 
     def tokenize(self, texts: Sequence[str], prefix: str, max_length: int) -> list[list[int]]:
         return self._shared.ids([prefix + t for t in texts], min(max_length, self.model_max_length))
@@ -242,10 +248,25 @@ class TextEncoder:
 
         if self.onnx is not None:
             return torch.from_numpy(self.onnx(self._embeddings(input_ids), mask))
-        mask = torch.from_numpy(mask)
-        hidden = self.model(input_ids=torch.from_numpy(input_ids), attention_mask=mask).last_hidden_state
+        if input_ids.size <= SMALL_FORWARD_TOKENS:
+            self.small_forwards += 1
+            if self.small_forwards == self.trace_after:
+                self._trace()
+        ids, mask = torch.from_numpy(input_ids), torch.from_numpy(mask)
+        if self.graph is not None:
+            hidden = self.graph(ids, mask)
+        else:
+            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
+    def _trace(self) -> None:
+        """Trace the model on a small padded batch and check the graph on another (not on the
+        batch being encoded, which may be large: tracing runs a forward pass)."""
+        from vecplug.indexer.traced import TRACE_TEXTS, trace
+
+        example, check = (next(self._batches(self.tokenize(texts, "", 32)))[1:] for texts in TRACE_TEXTS)
+        self.graph = trace(self.model, example, check)
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.info.spec, "checksum": self.info.checksum, "dim": self.dim,

@@ -49,3 +49,15 @@ def test_the_report_says_how_fast_the_machine_ran(bench: ModuleType) -> None:
     assert "this machine's speed" not in bench.render(result)
     text = bench.render({**result, "matmul_1_thread": {"before": speed, "after": {**speed, "median_gflops": 99.0}}})
     assert "matrix multiply on one thread" in text and "and 99 after" in text
+
+
+def test_interleaved_calls_every_function_on_every_text_in_rotated_order(bench: ModuleType) -> None:
+    calls: list[tuple[str, str]] = []
+    fns = [lambda t, n=n: calls.append((n, t)) for n in "ab"]
+    times = bench.interleaved(fns, ["x", "y", "z"])
+    assert [len(t) for t in times] == [3, 3]
+    assert calls == [("a", "x"), ("b", "x"), ("b", "y"), ("a", "y"), ("a", "z"), ("b", "z")]
+    rows = [{"query_encoder": "s", "traced": True}, {"query_encoder": "s", "traced": False},
+            {"query_encoder": "t@onnx", "traced": False}]
+    assert "traced TorchScript graph (`indexer.traced`, made during the warm-up) for: s;" in bench._traced_line(rows)[0]
+    assert bench._traced_line([{"query_encoder": "old"}]) == []  # results from before say nothing

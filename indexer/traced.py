@@ -1,0 +1,79 @@
+"""A traced TorchScript graph of a transformer's forward pass, for the torch runtime.
+
+Most of a short query's encode in eager torch is Python: each of the hundreds of operations
+of a forward pass is dispatched from Python, and for a query of 16 tokens that costs more than
+the arithmetic. A graph traced once runs the same operations (the same kernels, the same
+vectors, bit for bit in the checks) without that overhead: the shipped student's forward went
+from ~8.7 to ~5.2 ms (int8, one thread; README "Speed").
+
+Tracing costs a forward pass and ~0.4 s (the student), so it is done only once an encoder has
+shown it is long-lived and latency-bound: :data:`TRACE_AFTER` forward passes of at most
+:data:`SMALL_FORWARD_TOKENS` tokens. A one-shot ``vecplug search`` never pays it; a server or an
+API loop does once. A batch of documents (8,192 tokens) is not counted: its per-operation
+overhead is a few milliseconds against seconds of arithmetic. A trace records one path through the model's
+Python: a branch on a shape or a value would be frozen. So the graph is kept only if it gives
+the eager model's output on a batch of another shape, padding included; a model it does not
+fit (or a torch without TorchScript) stays eager.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import numpy as np
+
+#: the small forward passes an encoder runs eagerly before tracing its model
+TRACE_AFTER = 3
+#: a forward pass of at most this many tokens (padded) counts as small: there the overhead is
+#: a large share (a query: ~16 tokens, ~4 of ~9 ms), at 8,192 a fraction of a percent
+SMALL_FORWARD_TOKENS = 512
+#: what the graph is traced on, and checked on: padded batches of two sizes and lengths
+TRACE_TEXTS = (("a short text", "a few more words than the other one, in a padded batch"),
+               ("ein Satz", "un texte un peu plus long que le premier", "这是第三个句子，长度又不一样"))
+#: how far the traced graph's output may be from the eager model's (the same kernels give 0)
+TOLERANCE = 1e-4
+
+log = logging.getLogger(__name__)
+
+
+def _forward(model: Any) -> Any:
+    """The model's forward pass as a module (input ids, mask) -> last hidden state: what is traced."""
+    import torch
+
+    class Forward(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return Forward(model).eval()
+
+
+def trace(model: Any, example: tuple[np.ndarray, np.ndarray], check: tuple[np.ndarray, np.ndarray]) -> Any | None:
+    """``model``'s forward traced on ``example`` (input ids, mask): a callable (ids, mask tensors)
+    -> last hidden state, or None when tracing fails or the graph's output on ``check`` (a batch
+    of another shape) is not the eager model's."""
+    import torch
+
+    forward = _forward(model)
+    ids, mask = (torch.from_numpy(a) for a in example)
+    check_ids, check_mask = (torch.from_numpy(a) for a in check)
+    try:
+        # outside inference mode: a graph traced inside it holds inference tensors
+        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+            # TracerWarnings name the branches frozen (the check below is what decides), and
+            # torch marks TorchScript as deprecated; neither is the user's business
+            warnings.simplefilter("ignore")
+            graph = torch.jit.trace(forward, (ids, mask), check_trace=False, strict=False)
+            real = check_mask.unsqueeze(-1).bool()  # padding positions may differ: not compared
+            gap = float(((graph(check_ids, check_mask) - forward(check_ids, check_mask)).abs() * real).max())
+    except Exception as exc:  # noqa: BLE001 - any failure means: stay eager
+        log.debug("model not traced: %s", exc)
+        return None
+    if not gap <= TOLERANCE:  # also NaN
+        log.debug("model not traced: its graph is %.3g from the eager model on another shape", gap)
+        return None
+    return graph
