@@ -78,3 +78,25 @@ def test_a_model_that_cannot_be_traced_stays_eager(tiny_model: Path, monkeypatch
     vectors = [enc.encode_queries([t]) for t in QUERIES * 2]
     assert enc.query.small_forwards == 6 and enc.query.graph is None
     assert np.allclose(vectors[0], vectors[3])
+
+
+@pytest.mark.slow
+def test_the_shipped_student_and_the_teacher_traced_give_their_eager_vectors(built_me5: Path) -> None:
+    """The real models, int8 student (the default) and fp32 teacher: once traced, every query
+    vector is the eager model's."""
+    from vecplug.indexer.models import DEFAULT_STUDENTS
+
+    from test_me5 import SENTENCES
+
+    enc = Encoder.from_specs("me5-small", DEFAULT_STUDENTS["me5-small"])
+    teacher = Encoder.from_specs("me5-small")
+    for e in (enc, teacher):
+        for text in SENTENCES[:traced.TRACE_AFTER]:
+            e.encode_queries([text])
+        assert e.query.graph is not None, e.query.info.spec
+        one = np.vstack([e.encode_queries([t]) for t in SENTENCES])  # by the graph
+        batch = e.encode_queries(SENTENCES)  # padded
+        e.query.graph = None  # the eager model again
+        assert np.abs(one - np.vstack([e.encode_queries([t]) for t in SENTENCES])).max() < 1e-5
+        assert np.abs(batch - e.encode_queries(SENTENCES)).max() < 1e-5
+    assert enc.query_quantize == "int8"
