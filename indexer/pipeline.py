@@ -116,69 +116,101 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     lang = lang_code(lang)
     tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
-    since_commit = 0
-    last_commit, commit_cost = time.perf_counter(), 0.0
-    seen: set[str] = set()
+    writer = _Writer(store, encoder, make_record, report, manifest, stats, commit_every)
     bar = tqdm(desc="indexing", unit="doc", disable=not progress)
-    # True from a batch's first write to its last, and during a commit: an interrupt there
-    # leaves the staged writes half done, so nothing is committed on the way out
-    writing = False
     try:
         for batch in batched(_first_of_each_id(_storable(documents, report.problems), report.problems),
                              batch_size):
             # language: the flag, else the record's own, else detected; codes as the detector
             # writes them, so that filters match ("pt-BR " -> "pt")
-            batch = [_with_lang(d, lang or lang_code(d.lang) or (detect(d.text) if detect else None))
-                     for d in batch]
-            existing = {r.id: r for r in store.get([d.id for d in batch])}
-            todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
-            report.unchanged += len(batch) - len(todo)
-            todo_ids = {d.id for d in todo}
-            seen.update(d.id for d in batch if d.id not in todo_ids)
-            if todo:
-                t0 = time.perf_counter()
-                vectors = encoder.encode_documents([d.text for d in todo], progress=False)
-                report.encode_seconds += time.perf_counter() - t0
-                ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
-                for d in (d for d, good in zip(todo, ok) if not good):
-                    report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
-                                                            "vector: left out", d.position))
-                keep = [d for d, good in zip(todo, ok) if good]
-                writing = True
-                if stats is not None:
-                    replaced = [existing[d.id] for d in keep if d.id in existing]
-                    if replaced:
-                        stats.add([r.lang for r in replaced], store.vectors([r.id for r in replaced]), -1)
-                    stats.add([d.lang for d in keep], vectors[ok])
-                store.upsert([make_record(d) for d in keep], vectors[ok])
-                seen.update(d.id for d in keep)
-                report.documents += len(keep)
-                report.languages.update(d.lang or "und" for d in keep)
-                since_commit += len(keep)
-                now = time.perf_counter()
-                if since_commit >= commit_every and (
-                        commit_cost < SLOW_COMMIT or since_commit >= MAX_UNCOMMITTED
-                        or now - last_commit >= commit_cost * (1 - COMMIT_TIME_SHARE) / COMMIT_TIME_SHARE):
-                    store.commit(stamped(manifest, stats))
-                    last_commit = time.perf_counter()
-                    since_commit, commit_cost = 0, last_commit - now
-                writing = False
+            writer.add([_with_lang(d, lang or lang_code(d.lang) or (detect(d.text) if detect else None))
+                        for d in batch])
             bar.update(len(batch))
     except KeyboardInterrupt:
         # Ctrl-C mostly lands in the encoder: keep the documents finished so far
-        if since_commit and not writing:
-            store.commit(stamped(manifest, stats))
+        if writer.since_commit and not writer.writing:
+            writer.commit()
         raise
     finally:
         bar.close()
     if prune:
-        report.removed = _prune(store, seen, set(keep_sources() if keep_sources else ()), stats, owns, may_own)
+        report.removed = _prune(store, writer.seen, set(keep_sources() if keep_sources else ()), stats,
+                                owns, may_own)
     wanted = manifest or {}
-    if since_commit or report.removed or any(store.manifest.get(k) != v for k, v in wanted.items()):
-        store.commit(stamped(manifest, stats))
+    if writer.since_commit or report.removed or any(store.manifest.get(k) != v for k, v in wanted.items()):
+        writer.commit()
     report.seconds = time.perf_counter() - start
     report.tokens = (count_tokens() - tokens_before) if count_tokens else 0
     return report
+
+
+@dataclass
+class _Writer:
+    """One run's writes: batches encoded and staged in the store, commits paced, and the ids
+    the run has seen (what pruning keeps)."""
+
+    store: Sink
+    encoder: DocumentEncoder
+    make_record: Callable[[Document], Any]
+    report: IndexReport
+    manifest: dict[str, Any] | None
+    stats: Any
+    commit_every: int
+    seen: set[str] = field(default_factory=set)
+    #: documents staged since the last commit
+    since_commit: int = 0
+    last_commit: float = field(default_factory=time.perf_counter)
+    commit_cost: float = 0.0
+    #: True from a batch's first write to its last, and during a commit: an interrupt there
+    #: leaves the staged writes half done, so nothing is committed on the way out
+    writing: bool = False
+
+    def add(self, batch: list[Document]) -> None:
+        """Encode and stage the documents of ``batch`` that are new or changed."""
+        existing = {r.id: r for r in self.store.get([d.id for d in batch])}
+        todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
+        self.report.unchanged += len(batch) - len(todo)
+        todo_ids = {d.id for d in todo}
+        self.seen.update(d.id for d in batch if d.id not in todo_ids)
+        if not todo:
+            return
+        t0 = time.perf_counter()
+        vectors = self.encoder.encode_documents([d.text for d in todo], progress=False)
+        self.report.encode_seconds += time.perf_counter() - t0
+        ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
+        for d in (d for d, good in zip(todo, ok) if not good):
+            self.report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
+                                                         "vector: left out", d.position))
+        keep = [d for d, good in zip(todo, ok) if good]
+        self.writing = True
+        if self.stats is not None:
+            replaced = [existing[d.id] for d in keep if d.id in existing]
+            if replaced:
+                self.stats.add([r.lang for r in replaced], self.store.vectors([r.id for r in replaced]), -1)
+            self.stats.add([d.lang for d in keep], vectors[ok])
+        self.store.upsert([self.make_record(d) for d in keep], vectors[ok])
+        self.seen.update(d.id for d in keep)
+        self.report.documents += len(keep)
+        self.report.languages.update(d.lang or "und" for d in keep)
+        self.since_commit += len(keep)
+        self._pace()
+        self.writing = False
+
+    def _pace(self) -> None:
+        """Commit every ``commit_every`` documents, less often when commits are slow (a large
+        index): they take at most COMMIT_TIME_SHARE of the time, MAX_UNCOMMITTED at most apart."""
+        now = time.perf_counter()
+        if self.since_commit >= self.commit_every and (
+                self.commit_cost < SLOW_COMMIT or self.since_commit >= MAX_UNCOMMITTED
+                or now - self.last_commit >= self.commit_cost * (1 - COMMIT_TIME_SHARE) / COMMIT_TIME_SHARE):
+            self.commit()
+            self.last_commit = time.perf_counter()
+            self.commit_cost = self.last_commit - now
+
+    def commit(self) -> None:
+        """Commit what is staged, with the manifest and the bias statistics it describes."""
+        self.store.commit(stamped(self.manifest, self.stats))
+        self.since_commit = 0
 
 
 def _storable(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:
