@@ -92,20 +92,24 @@ def linear_time(model: Any, tokens: int, reps: int = 100) -> dict[str, Any] | No
     import torch
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-    linears = [m for m in model.modules() if type(m) in (torch.nn.Linear, Int8Linear)]
+    # a student's int8 recipe wraps each int8 layer to quantise its activations on 8 bits
+    # (indexer.torch_int8): the wrapper is what runs, its inner layer says the shape
+    wrapped = {id(m.dynamic) for m in model.modules() if isinstance(getattr(m, "dynamic", None), Int8Linear)}
+    linears = [(m, getattr(m, "dynamic", m)) for m in model.modules()
+               if id(m) not in wrapped and type(getattr(m, "dynamic", m)) in (torch.nn.Linear, Int8Linear)]
     if not linears:
         return None
-    inputs = {m.in_features: torch.randn(1, tokens, m.in_features) for m in linears}
-    flops = sum(2 * tokens * m.in_features * m.out_features for m in linears)
+    inputs = {shape.in_features: torch.randn(1, tokens, shape.in_features) for _, shape in linears}
+    flops = sum(2 * tokens * shape.in_features * shape.out_features for _, shape in linears)
     with torch.inference_mode():
-        for m in linears:
-            m(inputs[m.in_features])
+        for m, shape in linears:
+            m(inputs[shape.in_features])
         t0 = time.perf_counter()
         for _ in range(reps):
-            for m in linears:
-                m(inputs[m.in_features])
+            for m, shape in linears:
+                m(inputs[shape.in_features])
     seconds = (time.perf_counter() - t0) / reps
-    return {"tokens": tokens, "layers": len(linears), "int8": sum(type(m) is Int8Linear for m in linears),
+    return {"tokens": tokens, "layers": len(linears), "int8": sum(type(s) is Int8Linear for _, s in linears),
             "mflop": flops / 1e6, "ms": 1000 * seconds, "gflops": flops / seconds / 1e9}
 
 

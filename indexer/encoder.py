@@ -156,7 +156,7 @@ class TextEncoder:
 
             raise ConfigError(f"unknown runtime '{runtime}'; known: torch, onnx")
         elif quantize == "int8":
-            self.model = _int8(self.model)
+            self.model = self._int8_query() if int8_recipe == "int8-query" else _int8(self.model)
         self.dim = int(self.model.config.hidden_size)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
         self.tokens_seen = 0
@@ -260,6 +260,24 @@ class TextEncoder:
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
+    def _int8_query(self) -> Any:
+        """The model in torch's int8 recipe for a student's queries (``indexer.torch_int8``),
+        its smoothing calibrated once on the shipped sentences as queries (a student encodes
+        nothing else) and cached by the model's checksum."""
+        from vecplug.indexer.models import vecplug_home
+        from vecplug.indexer.onnx_runtime import calibration_texts
+        from vecplug.indexer.torch_int8 import (CALIBRATION_MAX_LENGTH, activation_peaks, int8_query, load_peaks,
+                                                narrowing, save_peaks)
+
+        path = vecplug_home() / "cache" / f"int8-peaks-{self.info.checksum}.npz"
+        peaks = load_peaks(path)
+        if peaks is None or set(peaks) != set(narrowing(self.model)):
+            texts = calibration_texts()
+            peaks = activation_peaks(self.model, (batch[1:] for batch in self._batches(
+                self.tokenize(texts, self.info.query_prefix, CALIBRATION_MAX_LENGTH))))
+            save_peaks(path, peaks)
+        return int8_query(self.model, peaks)
+
     def _trace(self) -> None:
         """Trace the model on a small padded batch and check the graph on another (not on the
         batch being encoded, which may be large: tracing runs a forward pass)."""
@@ -287,7 +305,8 @@ def _drop_layers(model: Any) -> None:
 def _int8(model: Any) -> Any:
     """The model with int8 weights in its linear layers (dynamic quantisation: activations are
     quantised per batch), except those that narrow the width. Embeddings (the shared vocabulary
-    table) stay as they are.
+    table) stay as they are. This is the general recipe, e.g. for a document encoder's own
+    queries (``--int8``); a student's queries take ``indexer.torch_int8``'s.
 
     Weights are quantised per output channel: one scale per row keeps rows of small weights
     from being rounded away by the largest row. Layers with more inputs than outputs (the

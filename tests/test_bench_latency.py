@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -33,6 +34,13 @@ def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny
     # int8 layers (as ``--int8`` makes them: all but the 2 down-projections) are timed too
     y = bench.linear_time(_int8(model), tokens=7, reps=3)
     assert y["layers"] == 12 and y["int8"] == 10 and y["mflop"] == pytest.approx(x["mflop"])
+    # a student's recipe: every layer int8 behind its full-range wrapper, each timed once
+    from vecplug.indexer import torch_int8
+
+    recipe = AutoModel.from_pretrained(str(tiny_model), add_pooling_layer=False)
+    peaks = {name: np.ones(64, dtype=np.float32) for name in torch_int8.narrowing(recipe)}
+    z = bench.linear_time(torch_int8.int8_query(recipe, peaks), tokens=7, reps=3)
+    assert z["layers"] == 12 and z["int8"] == 12 and z["mflop"] == pytest.approx(x["mflop"])
     assert bench.linear_time(torch.nn.Sequential(torch.nn.ReLU()), tokens=7) is None
 
 

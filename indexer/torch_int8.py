@@ -1,0 +1,166 @@
+"""Torch's int8 recipe for a student's queries: every linear layer int8, full-range activations.
+
+torch's dynamic int8 (``quantize_dynamic``) leaves two costs on a query of ~20 tokens:
+
+- The FFN down-projections: a third of the FLOPs. The general recipe (``encoder._int8``) keeps
+  them float32, because their inputs, after the GELU, have a few channels far larger than the
+  rest, and one scale per activation tensor rounds the others away. On these thin matrices a
+  float32 layer costs several times an int8 one.
+- Activations: torch's x86 kernels round them to 7 bits (``reduce_range``), which leaves room
+  against a saturating 16-bit sum of AVX2's int8 multiply; the other bit is precision.
+
+This recipe smooths the down-projections' inputs first, as ONNX Runtime's ``int8-query`` does
+(SmoothQuant, Xiao et al. 2023, :func:`vecplug.indexer.onnx_runtime.smooth_inputs`). Each input
+channel is divided by a factor that the weight's column takes on, so the float32 function is
+unchanged. The factors come from the activations' peaks on the shipped calibration sentences,
+computed once per model and cached (``.npz``). Then every linear layer is int8, with
+activations on the full 8 bits. On XQuAD-R (README "Speed") the shipped student's traced int8
+encode is ~38% faster than with the general recipe, at about the same quality.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vecplug.fsutil import atomic_write_bytes
+
+#: SmoothQuant's migration strength, as in ONNX Runtime's query recipe
+ALPHA = 0.75
+#: tokens a calibration sentence is cut at: a query's default limit
+CALIBRATION_MAX_LENGTH = 64
+#: bump when the peaks' definition changes: cached peaks of another version are recomputed
+PEAKS_VERSION = 1
+
+
+def narrowing(model: Any) -> list[str]:
+    """Names of the linear layers with more inputs than outputs: the FFN down-projections."""
+    import torch
+
+    return [name for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m.in_features > m.out_features]
+
+
+def activation_peaks(model: Any, batches: Any) -> dict[str, np.ndarray]:
+    """Per input channel, the largest |value| reaching each of :func:`narrowing`'s layers over
+    ``batches`` of (input ids, mask) arrays, real tokens only."""
+    import torch
+
+    names = narrowing(model)
+    peaks: dict[str, torch.Tensor] = {}
+    real: list[torch.Tensor] = []
+
+    def hook(name: str) -> Any:
+        def record(module: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            peak = (inputs[0].abs() * real[0]).amax(dim=(0, 1))
+            peaks[name] = peak if name not in peaks else torch.maximum(peaks[name], peak)
+        return record
+
+    handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in names]
+    try:
+        with torch.inference_mode():
+            for ids, mask in batches:
+                real[:] = [torch.from_numpy(mask).unsqueeze(-1).float()]
+                model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(peaks) != len(names):
+        raise ValueError("no calibration inputs")
+    return {name: peaks[name].numpy() for name in names}
+
+
+def load_peaks(path: Path) -> dict[str, np.ndarray] | None:
+    """Cached peaks, or None (absent, unreadable or of another version)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if int(data["__version__"]) != PEAKS_VERSION:
+                return None
+            return {k: data[k] for k in data.files if k != "__version__"}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def save_peaks(path: Path, peaks: dict[str, np.ndarray]) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, __version__=np.array(PEAKS_VERSION), **peaks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def int8_query(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA) -> Any:
+    """``model`` (changed in place) with its down-projections smoothed by ``peaks`` and every
+    linear layer int8 (weights per output channel, activations per tensor on 8 bits)."""
+    import torch
+
+    smooth(model, peaks, alpha)
+    with warnings.catch_warnings():
+        # torch marks its eager-mode quantisation as deprecated in favour of torchao, which
+        # this machine does not have; it still works and is measured in the README
+        warnings.simplefilter("ignore")
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        spec = {name: per_channel_dynamic_qconfig for name, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear)}
+        model = quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+    for name, m in list(model.named_modules()):
+        if isinstance(m, DynamicLinear):
+            _replace(model, name, _full_range(m))
+    return model
+
+
+def smooth(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA) -> None:
+    """SmoothQuant on :func:`narrowing`'s layers, in place: input channel j divided by
+    s_j = peak_j^alpha / max|W[:, j]|^(1 - alpha) and the weight's column j multiplied by it, as
+    :func:`vecplug.indexer.onnx_runtime.smooth_inputs` does in ONNX. The float32 function is the
+    same; the activations' range moves partly into the weights, quantised per output channel."""
+    import torch
+
+    for name in narrowing(model):
+        linear = model.get_submodule(name)
+        w = linear.weight.data
+        peak = torch.from_numpy(peaks[name]).to(w.dtype)
+        s = peak.clamp(min=1e-5) ** alpha / w.abs().amax(dim=0).clamp(min=1e-5) ** (1 - alpha)
+        linear.weight.data = w * s[None, :]
+        _replace(model, name, _smoothed(1.0 / s, linear))
+
+
+def _replace(model: Any, name: str, module: Any) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def _smoothed(inverse: Any, linear: Any) -> Any:
+    """``linear`` on its input divided per channel by the smoothing factors."""
+    import torch
+
+    class Smoothed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("inverse", inverse)
+            self.linear = linear
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x * self.inverse)
+
+    return Smoothed()
+
+
+def _full_range(dynamic: Any) -> Any:
+    """A dynamic int8 linear layer whose activations are quantised on 8 bits, not torch's 7."""
+    import torch
+
+    class FullRange(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dynamic = dynamic
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            packed = self.dynamic._packed_params._packed_params
+            return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=False).to(x.dtype)
+
+    return FullRange()

@@ -1,0 +1,92 @@
+"""Torch's int8 recipe for a student's queries: smoothing keeps the function, every linear layer
+int8 on full-range activations, calibration cached, and the traced graph still applies."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vecplug.indexer import torch_int8
+from vecplug.indexer.encoder import Encoder
+
+TEXTS = ["the quick brown fox jumps over the lazy dog", "wasser kocht bei hundert grad",
+         "el agua hierve a cien grados", "быстрая коричневая лиса", "水在一百度沸腾"]
+
+
+def _batches(enc: Encoder) -> list[tuple[np.ndarray, np.ndarray]]:
+    q = enc.query
+    return [b[1:] for b in q._batches(q.tokenize(TEXTS, enc.query_prefix, 64))]
+
+
+def test_smoothing_keeps_the_function(tiny_model: Path) -> None:
+    import torch
+
+    enc = Encoder.from_specs(str(tiny_model), query_quantize="none")
+    model, batches = enc.query.model, _batches(enc)
+    peaks = torch_int8.activation_peaks(model, batches)
+    assert set(peaks) == set(torch_int8.narrowing(model)) and len(peaks) == 2  # one per layer
+    ids, mask = (torch.from_numpy(a) for a in batches[0])
+    with torch.inference_mode():
+        before = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        weights = [model.get_submodule(n).weight.clone() for n in peaks]
+        torch_int8.smooth(model, peaks)
+        after = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert not all(torch.equal(w, model.get_submodule(n + ".linear").weight) for w, n in zip(weights, peaks))
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+
+
+def test_a_student_s_int8_queries_take_the_recipe_and_cache_its_calibration(
+        tiny_model: Path, tiny_student: Path, fresh_machine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    fp32 = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="none")
+    int8 = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8")
+    model = int8.query.model
+    assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every layer int8
+    assert len([m for m in model.modules() if hasattr(m, "dynamic")]) == len(
+        [m for m in fp32.query.model.modules() if type(m) is torch.nn.Linear])
+    assert len([m for m in model.modules() if hasattr(m, "inverse")]) == 1  # the student's one FFN
+    a, b = fp32.encode_queries(TEXTS), int8.encode_queries(TEXTS)
+    assert not np.allclose(a, b, atol=1e-6) and (a * b).sum(1).min() > 0.95
+    cached = list((fresh_machine / "cache").glob("int8-peaks-*.npz"))
+    assert len(cached) == 1 and int8.query.info.checksum in cached[0].name
+
+    def no_calibration(*args: object) -> None:
+        raise AssertionError("calibrated again")
+
+    monkeypatch.setattr(torch_int8, "activation_peaks", no_calibration)
+    again = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8")
+    np.testing.assert_array_equal(again.encode_queries(TEXTS), b)  # the cached peaks: the same model
+    # a graph traced of the recipe's modules gives their vectors
+    for text in TEXTS[:3]:
+        again.encode_queries([text])
+    assert again.query.graph is not None
+    np.testing.assert_allclose(again.encode_queries(TEXTS), b, atol=1e-6)
+
+
+def test_a_stale_or_broken_calibration_cache_is_made_again(tiny_model: Path, tiny_student: Path,
+                                                           fresh_machine: Path) -> None:
+    Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8").query
+    (path,) = (fresh_machine / "cache").glob("int8-peaks-*.npz")
+    good = torch_int8.load_peaks(path)
+    assert good is not None
+    stale = io.BytesIO()  # another version's peaks
+    np.savez(stale, __version__=np.array(torch_int8.PEAKS_VERSION + 1), **good)
+    for content in (b"not a zip file", stale.getvalue()):
+        path.write_bytes(content)
+        assert torch_int8.load_peaks(path) is None
+        Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8").query
+        again = torch_int8.load_peaks(path)
+        assert again is not None and all(np.array_equal(again[k], good[k]) for k in good)
+
+
+def test_a_document_encoder_s_own_int8_queries_keep_the_general_recipe(tiny_model: Path, fresh_machine: Path) -> None:
+    """The recipe was measured on a student; other query encoders keep theirs (and calibrate nothing)."""
+    import torch
+
+    enc = Encoder.from_specs(str(tiny_model), query_quantize="int8")
+    narrowing = [m for m in enc.query.model.modules() if type(m) is torch.nn.Linear]
+    assert narrowing and all(m.in_features > m.out_features for m in narrowing)
+    assert not (fresh_machine / "cache").exists() or not list((fresh_machine / "cache").glob("int8-peaks-*"))
