@@ -197,10 +197,30 @@ def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
             finally:
                 query.graph = graph
 
-        pair = interleaved([lambda t: index.encoder.encode_queries([t]), eager], sample)
-        rows += [_row(spec, "encode, interleaved: traced graph", threads, pair[0], traced=True),
-                 _row(spec, "encode, interleaved: eager", threads, pair[1], traced=False)]
+        fns = {"traced graph": lambda t: index.encoder.encode_queries([t]), "eager": eager}
+        if query.quantize == "int8" and index.encoder.query_info.teacher is not None:
+            # a student's int8 recipe (indexer.torch_int8) against the general one, traced too
+            general, enc = _general_int8(index), index.encoder
+            fns["traced graph, general int8 recipe"] = lambda t: general.encode(
+                [t], enc.query_prefix, enc.query_max_length, progress=False)
+        times = interleaved(list(fns.values()), sample)
+        rows += [_row(spec, f"encode, interleaved: {name}", threads, lat, traced=name != "eager")
+                 for name, lat in zip(fns, times)]
     return rows
+
+
+def _general_int8(index: Any) -> Any:
+    """The index's student with torch's general int8 recipe (the FFN down-projections float32,
+    activations on 7 bits), its graph traced in a warm-up: a ``TextEncoder``."""
+    from vecplug.indexer.encoder import TextEncoder
+
+    enc = index.encoder
+    shared = enc.query.model.get_input_embeddings().weight.detach()
+    general = TextEncoder(enc.query_info, enc.batch_tokens, enc.threads, shared, post=enc.query.post,
+                          quantize="int8", runtime="torch", int8_recipe="int8")
+    for _ in range(general.trace_after or 0):
+        general.encode(["warm-up query"], enc.query_prefix, enc.query_max_length, progress=False)
+    return general
 
 
 def _row(spec: str, stage: str, threads: int, lat: Sequence[float], traced: bool) -> dict[str, Any]:

@@ -69,3 +69,24 @@ def test_interleaved_calls_every_function_on_every_text_in_rotated_order(bench: 
             {"query_encoder": "t@onnx", "traced": False}]
     assert "traced TorchScript graph (`indexer.traced`, made during the warm-up) for: s;" in bench._traced_line(rows)[0]
     assert bench._traced_line([{"query_encoder": "old"}]) == []  # results from before say nothing
+
+
+def test_the_general_int8_recipe_is_timed_beside_a_student_s(bench: ModuleType, tiny_model: Path,
+                                                            tiny_student: Path) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from vecplug.indexer.encoder import Encoder
+
+    enc = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8")
+    general = bench._general_int8(SimpleNamespace(encoder=enc))
+    assert general.graph is not None  # traced in its warm-up, as the student's own is
+    text = "wasser kocht bei hundert grad"
+    vector = general.encode([text], enc.query_prefix, enc.query_max_length)
+    fp32 = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="none")
+    assert float((vector * fp32.encode_queries([text])).sum()) > 0.95
+    # the general recipe: the down-projection float32, the rest int8, unlike the student's own
+    linears = [m for m in general.model.modules() if type(m) is torch.nn.Linear]
+    assert len(linears) == 1 and linears[0].in_features > linears[0].out_features
+    assert not [m for m in enc.query.model.modules() if type(m) is torch.nn.Linear]
