@@ -166,13 +166,13 @@ def main() -> None:
 
 def all_engines(fp32_model: Any, paths: dict[str, Path], threads: int) -> dict[str, tuple[Any, Any]]:
     """name -> (torch model, ORT layers or None): torch fp32, each graph in ``paths`` (which use
-    the fp32 model's vocabulary table only) and torch int8 (vecplug's query recipe)."""
+    the fp32 model's vocabulary table only) and torch int8 (the general recipe, ``encoder._int8``)."""
     from vecplug.indexer.encoder import _int8
     from vecplug.indexer.onnx_runtime import OnnxLayers
 
     return {"torch fp32": (fp32_model, None),
             **{f"ORT {name}": (fp32_model, OnnxLayers(path, threads=threads)) for name, path in paths.items()},
-            "torch int8 (vecplug's query recipe)": (_int8(copy.deepcopy(fp32_model)), None)}  # in place
+            "torch int8 (the general recipe)": (_int8(copy.deepcopy(fp32_model)), None)}  # in place
 
 
 def x_y_map(queries: np.ndarray, docs: np.ndarray, means: Any, centred_docs: np.ndarray,
