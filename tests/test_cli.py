@@ -228,14 +228,22 @@ def test_unknown_env_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_unreachable_qdrant_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
+    import threading
+    import warnings
 
     pytest.importorskip("qdrant_client")
     monkeypatch.setattr("vecplug.adapters.stores.qdrant.time.sleep", lambda seconds: None)  # no backoff
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    out = run("search", "fox", "--url", url, "--index", "ignored", ok=False)
+    before = set(threading.enumerate())
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        out = run("search", "fox", "--url", url, "--index", "ignored", ok=False)
+        for thread in set(threading.enumerate()) - before:  # the client checks versions in a thread
+            thread.join(timeout=10)
     assert f"qdrant unreachable at {url}" in out and "after 3 tries" in out
+    assert [str(w.message) for w in shown] == []  # the error alone, no client warning with it
 
 
 def test_plain_model_as_query_encoder_is_refused(corpus: Path, tiny_model: Path,
