@@ -81,7 +81,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from vecplug.types import Document, Problem
 
@@ -645,26 +645,31 @@ class CsvLines:
 
     def __init__(self, text: str) -> None:
         self.text = text
+        self.size = len(text)  # positions run to this
         self.pos = 0  # of the next line
         self.line = 0  # lines handed out
         self.record = (0, 1)  # (pos, line) where the current record starts
         self.doomed = (0, 0)  # line starts [a, b) that a failed record crossed in a quote
         self.doomed_by = ""  # the error it failed with
-        self.budget = len(text)
+        self.budget = self.size
 
     def __iter__(self) -> CsvLines:
         return self
 
     def __next__(self) -> str:
-        if self.pos >= len(self.text):
+        if self.pos >= self.size:
             raise StopIteration
         if self.pos != self.record[0] and self.doomed[0] <= self.pos < self.doomed[1]:
             raise CsvUnclosed(self.doomed_by)
-        end = self.text.find("\n", self.pos)
-        end = len(self.text) if end < 0 else end + 1
-        piece = self.text[self.pos:end]
+        piece, end = self._line(self.pos)
         self.pos, self.line = end, self.line + 1
         return piece
+
+    def _line(self, pos: int) -> tuple[str, int]:
+        """The line starting at ``pos`` (its newline included) and the position after it."""
+        end = self.text.find("\n", pos)
+        end = self.size if end < 0 else end + 1
+        return self.text[pos:end], end
 
     def start_record(self) -> int:
         """The line number where the next record starts."""
@@ -686,8 +691,7 @@ class CsvLines:
         failed, when that follows from the text alone (None: the field size limit, or a
         record cut by :class:`CsvUnclosed`, whose region is known already)."""
         start, line = self.record
-        after = self.text.find("\n", start)
-        after = len(self.text) if after < 0 else after + 1
+        after = self._line(start)[1]
         if self.pos <= after:
             return  # a one-line record: the reader is there already
         if error is not None:
@@ -697,6 +701,27 @@ class CsvLines:
         else:
             self.budget -= self.pos - after
         self.pos, self.line = after, line
+
+
+class CsvFileLines(CsvLines):
+    """:class:`CsvLines` over a binary file, read a line at a time (positions are bytes): a
+    file need not fit in memory. Lines are split at \\n only and decoded as UTF-8, an
+    undecodable byte kept as a surrogate escape (the caller reports the record holding it);
+    a byte-order mark at the start is dropped."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        super().__init__("")
+        self.file = file
+        self.size = self.budget = file.seek(0, os.SEEK_END)
+        self._at = -1  # where the file is, to skip a seek when reading on in order
+
+    def _line(self, pos: int) -> tuple[str, int]:
+        if pos != self._at:
+            self.file.seek(pos)
+        raw = self.file.readline()
+        self._at = pos + len(raw)
+        piece = raw.decode("utf-8", "surrogateescape")
+        return (piece.removeprefix("\ufeff") if pos == 0 else piece), self._at
 
 
 @contextmanager

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug.errors import ConfigError
-from vecplug.indexer.corpus import CsvLines, CsvUnclosed, _csv_field_limit, parse_json
+from vecplug.indexer.corpus import CsvFileLines, CsvUnclosed, _csv_field_limit, parse_json
 from vecplug.indexer.datasets import _lines
 from vecplug.types import Problem
 
@@ -281,12 +281,16 @@ def _jsonl_records(path: Path, report: _Reporter) -> Iterator[tuple[int, dict[st
 
 def _csv_records(path: Path, report: _Reporter, names: Mapping[str, tuple[str, ...]],
                  required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open("rb") as file:
+        yield from _csv_rows(path, CsvFileLines(file), report, names, required)
+
+
+def _csv_rows(path: Path, source: CsvFileLines, report: _Reporter, names: Mapping[str, tuple[str, ...]],
+              required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
     # lines split at \n only; an undecodable line is kept with surrogate escapes so the line
-    # count stays right, and the record holding it is reported (_BAD_TEXT). CsvLines lets an
-    # unclosed quote cost its record, not the rest of the file
-    text = path.read_bytes().decode("utf-8", "surrogateescape").removeprefix("\ufeff")
-    source = CsvLines(text)
+    # count stays right, and the record holding it is reported (_BAD_TEXT). CsvFileLines
+    # streams the file and lets an unclosed quote cost its record, not the rest of the file
     reader = csv.reader(source, dialect=dialect, strict=True)
     header: list[str] | None = None
     while True:

@@ -191,6 +191,48 @@ def test_unclosed_csv_quote_costs_its_record_only(tmp_path: Path) -> None:
     assert [p.line for p in problems] == [4] and "malformed CSV" in problems[0].reason
 
 
+def test_training_csv_is_streamed_with_the_in_memory_reader_s_lines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training CSV is read a line at a time (CsvFileLines), giving what the in-memory reader
+    (CsvLines) gives: byte-order mark, CRLF, quoted newlines, undecodable bytes, unclosed and
+    reopened quotes, going back after failures."""
+    import io
+
+    from vecplug.indexer.corpus import CsvFileLines, CsvLines, CsvUnclosed
+
+    data = ("\ufeffanchor,positive\r\n" 'a,"spans\ntwo lines"\r\n' 'b,"never closed\n' "c,d\n"
+            + 'x,"open\n' * 5 + 'y,"a ""quoted"" word"\n' + "e,f").encode() + b"\ng,\xff bad byte\nh,i"
+
+    def lines(source: CsvLines) -> list[tuple[int, str]]:
+        out, reader = [], csv.reader(source, strict=True)
+        while True:
+            start = source.start_record()
+            try:
+                out.append((start, "|".join(next(reader))))
+            except StopIteration:
+                return out
+            except (csv.Error, CsvUnclosed) as exc:
+                out.append((start, f"error {exc}"))
+                source.resume_after_failure(exc)
+
+    in_memory = lines(CsvLines(data.decode("utf-8", "surrogateescape").removeprefix("\ufeff")))
+    assert lines(CsvFileLines(io.BytesIO(data))) == in_memory
+    assert in_memory[0] == (1, "anchor|positive") and in_memory[-1] == (14, "h|i")
+    assert [n for n, row in in_memory if row.startswith("error")] == [4, 6, 7, 8, 9, 10]
+    # and the training reader does not read the file whole
+    path = tmp_path / "big.csv"
+    path.write_bytes(data)
+
+    def whole(*args: object) -> bytes:
+        raise AssertionError("read whole")
+
+    monkeypatch.setattr(Path, "read_bytes", whole)
+    monkeypatch.setattr(Path, "read_text", whole)
+    examples, problems = load(path, "pairs")
+    assert [e.where.rsplit(":", 1)[1] for e in examples] == ["2", "5", "11", "12", "14"]
+    assert [p.line for p in problems] == [4, 6, 7, 8, 9, 10, 13]  # 13: the undecodable byte
+
+
 def test_labelled_csv_nan_label(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "l.csv", ["text1", "text2", "label"],
                      [["a", "b", "nan"], ["a", "b", "inf"], ["a", "b", "1"]])
