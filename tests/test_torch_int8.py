@@ -90,3 +90,33 @@ def test_a_document_encoder_s_own_int8_queries_keep_the_general_recipe(tiny_mode
     narrowing = [m for m in enc.query.model.modules() if type(m) is torch.nn.Linear]
     assert narrowing and all(m.in_features > m.out_features for m in narrowing)
     assert not (fresh_machine / "cache").exists() or not list((fresh_machine / "cache").glob("int8-peaks-*"))
+
+
+def test_a_model_folder_s_own_peaks_come_first(tiny_model: Path, tiny_student: Path, fresh_machine: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shipped student carries its peaks: no calibration, nothing written to the cache."""
+    reference = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="none")
+    torch_int8.save_peaks(tiny_student / torch_int8.PEAKS_FILE, reference.query.calibration_peaks())
+
+    def no_calibration(*args: object) -> None:
+        raise AssertionError("calibrated")
+
+    monkeypatch.setattr(torch_int8, "activation_peaks", no_calibration)
+    int8 = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8")
+    assert (int8.encode_queries(TEXTS) * reference.encode_queries(TEXTS)).sum(1).min() > 0.95
+    assert not (fresh_machine / "cache").exists() or not list((fresh_machine / "cache").glob("int8-peaks-*"))
+
+
+@pytest.mark.slow
+def test_the_shipped_student_s_peaks_are_its_calibration(built_me5: Path) -> None:
+    """vecplug/students/*/int8-peaks.npz is what the code computes for that student now
+    (benchmarks/ship_student.py --peaks-only rewrites it)."""
+    from vecplug.indexer.encoder import TextEncoder
+    from vecplug.indexer.models import DEFAULT_STUDENTS, resolve_model
+
+    info = resolve_model(DEFAULT_STUDENTS["me5-small"])
+    shipped = torch_int8.load_peaks(info.path / torch_int8.PEAKS_FILE)
+    assert shipped is not None, "the shipped student has no int8 peaks"
+    fresh = TextEncoder(info).calibration_peaks()
+    assert sorted(shipped) == sorted(fresh)
+    assert all(np.allclose(shipped[k], fresh[k], rtol=1e-5, atol=1e-6) for k in fresh)

@@ -83,10 +83,10 @@ class ModelSettings:
     batch_tokens: int = 8192
     threads: int | None = None
     #: the query encoder's weights: ``int8`` (torch dynamic quantisation of its linear layers:
-    #: faster on a CPU; a student's recipe, ``indexer.torch_int8``, calibrates once per model
-    #: in ~5 s, cached), ``none`` (float32), or ``auto``: int8 for a student whose metadata
-    #: says its quality was measured in int8 (the shipped default is), on an x86 CPU; else
-    #: float32. The figures are in the README.
+    #: faster on a CPU; a student's recipe, ``indexer.torch_int8``, uses the peaks shipped
+    #: with it, or calibrates once in ~5 s, cached), ``none`` (float32), or ``auto``: int8 for
+    #: a student whose metadata says its quality was measured in int8 (the shipped default
+    #: is), on an x86 CPU; else float32. The figures are in the README.
     query_quantize: str | None = "auto"
     #: the document encoder's weights: ``none`` (float32) or ``int8`` (with ``runtime: onnx``
     #: only, where it was measured: 99% of float32's X-Y mAP@20); None: the index's (recorded in
