@@ -104,7 +104,7 @@ class TextEncoder:
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  threads: int | None = None, shared_embeddings: Any = None,
                  post: Any = None, quantize: str | None = None, runtime: str = "torch",
-                 int8_recipe: str = "int8") -> None:
+                 int8_recipe: str = "int8", trace: bool = True) -> None:
         import torch
         from transformers import AutoModel
 
@@ -164,7 +164,7 @@ class TextEncoder:
         #: and the model's traced graph once made (``indexer.traced``: the same vectors without
         #: torch's per-operation overhead)
         self.small_forwards, self.graph = 0, None
-        self.trace_after: int | None = TRACE_AFTER if runtime == "torch" else None
+        self.trace_after: int | None = TRACE_AFTER if runtime == "torch" and trace else None
 
     def tokenize(self, texts: Sequence[str], prefix: str, max_length: int) -> list[list[int]]:
         return self._shared.ids([prefix + t for t in texts], min(max_length, self.model_max_length))
@@ -373,12 +373,14 @@ class Encoder:
                  batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
                  query_quantize: str | None = "auto", document_quantize: str | None = None,
                  runtime: str = "torch", document_int8_version: int | None = None,
-                 recorded_lengths: Mapping[str, int] | None = None) -> None:
+                 recorded_lengths: Mapping[str, int] | None = None, trace: bool = True) -> None:
         self.document_info = document
         self.query_info = query if query is not None and query.checksum != document.checksum else document
         self.query_quantize = _quantize_for(query_quantize, self.query_info)
         self.document_quantize = None if document_quantize in (None, "none") else document_quantize
         self.runtime = runtime
+        #: torch runtime: a long-lived encoder traces its model (``indexer.traced``)
+        self.trace = trace
         #: which version of the documents' int8 recipe encodes documents (None: the current
         #: one): an index of int8 documents keeps the version it was built with
         self.document_int8_version = document_int8_version
@@ -430,7 +432,7 @@ class Encoder:
                 self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                              post=_pca_map(self.projection) if self.projection else None,
                                              quantize=self.document_quantize, runtime=self.runtime,
-                                             int8_recipe=self._document_recipe())
+                                             int8_recipe=self._document_recipe(), trace=self.trace)
                 teacher = self.query_info.teacher
                 if (self._query is not None and teacher is not None
                         and teacher.checksum == self.document_info.checksum):
@@ -449,7 +451,8 @@ class Encoder:
                 # int8 under ONNX Runtime: the documents' recipe (the queries' one was measured
                 # on a student, not on a document encoder's own queries)
                 self._query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                                          quantize=self.query_quantize, runtime=self.runtime)
+                                          quantize=self.query_quantize, runtime=self.runtime,
+                                          trace=self.trace)
             else:
                 shared = None
                 teacher = self.query_info.teacher
@@ -460,7 +463,7 @@ class Encoder:
                 self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
                                           post=_head_map(self.projection) if self.projection else None,
                                           quantize=self.query_quantize, runtime=self.runtime,
-                                          int8_recipe="int8-query")
+                                          int8_recipe="int8-query", trace=self.trace)
         return self._query
 
     def _same_model(self) -> bool:

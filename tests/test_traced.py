@@ -51,6 +51,22 @@ def _branchy() -> object:
     return Model()
 
 
+def test_the_trace_setting_keeps_an_index_s_encoder_eager(tiny_model: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import vecplug
+
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(None, settings=settings) as index:
+        index.add_documents([vecplug.Document("a", "water boils at one hundred degrees", "api")])
+    for value, traced in (("0", False), ("1", True)):
+        monkeypatch.setenv("VECPLUG_MODEL_TRACE", value)
+        with vecplug.open_index(str(tmp_path / "idx")) as index:
+            for text in QUERIES:
+                index.search(text, 1)
+            assert (index.encoder.query.graph is not None) is traced, value
+
+
 def test_batches_of_documents_do_not_count(tiny_model: Path) -> None:
     """Big batches gain nothing from a graph: an indexing run does not trace for them."""
     enc = Encoder.from_specs(str(tiny_model), batch_tokens=100_000)

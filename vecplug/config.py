@@ -97,6 +97,10 @@ class ModelSettings:
     #: the graph is exported on first use into ``$VECPLUG_HOME/onnx``. None: the index's
     #: (recorded in its manifest), else torch
     runtime: str | None = None
+    #: torch runtime: once an encoder has run 3 small forward passes (queries in a long-lived
+    #: process) it traces its model into a TorchScript graph, kept only if it gives the eager
+    #: model's output (the same vectors, less overhead: README "Speed"); false keeps it eager
+    trace: bool = True
 
 
 @dataclass(frozen=True)
