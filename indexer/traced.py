@@ -1,19 +1,20 @@
 """A traced TorchScript graph of a transformer's forward pass, for the torch runtime.
 
-Most of a short query's encode in eager torch is Python: each of the hundreds of operations
-of a forward pass is dispatched from Python, and for a query of 16 tokens that costs more than
-the arithmetic. A graph traced once runs the same operations (the same kernels, the same
-vectors, bit for bit in the checks) without that overhead: the shipped student's forward went
-from ~8.7 to ~5.2 ms (int8, one thread; README "Speed").
+Much of a short query's encode in eager torch is Python: each of the hundreds of operations
+of a forward pass is dispatched from Python, and for a query of ~20 tokens that costs about as
+much as the arithmetic. A graph traced once runs the same operations (the same kernels, the
+same vectors in the tests) without that overhead. In the README's query-latency run the shipped
+student's int8 encode took 45% less time traced than eager, interleaved query by query.
 
 Tracing costs a forward pass and ~0.4 s (the student), so it is done only once an encoder has
 shown it is long-lived and latency-bound: :data:`TRACE_AFTER` forward passes of at most
 :data:`SMALL_FORWARD_TOKENS` tokens. A one-shot ``vecplug search`` never pays it; a server or an
 API loop does once. A batch of documents (8,192 tokens) is not counted: its per-operation
-overhead is a few milliseconds against seconds of arithmetic. A trace records one path through the model's
-Python: a branch on a shape or a value would be frozen. So the graph is kept only if it gives
-the eager model's output on a batch of another shape, padding included; a model it does not
-fit (or a torch without TorchScript) stays eager.
+overhead is a few milliseconds against seconds of arithmetic. A trace records one path through
+the model's Python: a branch on a shape or a value would be frozen. So the graph is kept only
+if it gives the eager model's output on a batch of another shape, padding included; a model it
+does not fit (or a torch without TorchScript) stays eager, as does every encoder with
+``model.trace: false``.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 #: the small forward passes an encoder runs eagerly before tracing its model
 TRACE_AFTER = 3
 #: a forward pass of at most this many tokens (padded) counts as small: there the overhead is
-#: a large share (a query: ~16 tokens, ~4 of ~9 ms), at 8,192 a fraction of a percent
+#: a large share (a single query: ~20 tokens), at 8,192 a fraction of a percent
 SMALL_FORWARD_TOKENS = 512
 #: what the graph is traced on, and checked on: padded batches of two sizes and lengths
 TRACE_TEXTS = (("a short text", "a few more words than the other one, in a padded batch"),
