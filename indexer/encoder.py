@@ -269,7 +269,7 @@ class TextEncoder:
         from vecplug.indexer.torch_int8 import PEAKS_FILE, int8_query, load_peaks, narrowing, save_peaks
 
         names = set(narrowing(self.model))
-        cached = vecplug_home() / "cache" / f"int8-peaks-{self.info.checksum}.npz"
+        cached = vecplug_home() / "cache" / f"int8-peaks-{self.info.checksum}.safetensors"
         peaks = next((p for p in map(load_peaks, (self.info.path / PEAKS_FILE, cached))
                       if p is not None and set(p) == names), None)
         if peaks is None:

@@ -25,7 +25,7 @@ def test_wheel_has_only_the_vecplug_package(tmp_path: Path) -> None:
         assert module in names
     # the shipped default student is package data
     assert any(n.startswith("vecplug/students/") and n.endswith("/student.safetensors") for n in names)
-    assert any(n.startswith("vecplug/students/") and n.endswith("/int8-peaks.npz") for n in names)  # its torch int8
+    assert any(n.startswith("vecplug/students/") and n.endswith("/int8-peaks.safetensors") for n in names)  # its torch int8
     assert "vecplug/indexer/calibration.txt" in names  # the ONNX int8 recipe calibrates on it
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "vecplug = vecplug.cli:main" in entry

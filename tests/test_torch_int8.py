@@ -2,7 +2,6 @@
 int8 on full-range activations, calibration cached, and the traced graph still applies."""
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +49,7 @@ def test_a_student_s_int8_queries_take_the_recipe_and_cache_its_calibration(
     assert len([m for m in model.modules() if hasattr(m, "inverse")]) == 1  # the student's one FFN
     a, b = fp32.encode_queries(TEXTS), int8.encode_queries(TEXTS)
     assert not np.allclose(a, b, atol=1e-6) and (a * b).sum(1).min() > 0.95
-    cached = list((fresh_machine / "cache").glob("int8-peaks-*.npz"))
+    cached = list((fresh_machine / "cache").glob("int8-peaks-*.safetensors"))
     assert len(cached) == 1 and int8.query.info.checksum in cached[0].name
 
     def no_calibration(*args: object) -> None:
@@ -69,12 +68,14 @@ def test_a_student_s_int8_queries_take_the_recipe_and_cache_its_calibration(
 def test_a_stale_or_broken_calibration_cache_is_made_again(tiny_model: Path, tiny_student: Path,
                                                            fresh_machine: Path) -> None:
     Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8").query
-    (path,) = (fresh_machine / "cache").glob("int8-peaks-*.npz")
+    (path,) = (fresh_machine / "cache").glob("int8-peaks-*.safetensors")
     good = torch_int8.load_peaks(path)
     assert good is not None
-    stale = io.BytesIO()  # another version's peaks
-    np.savez(stale, __version__=np.array(torch_int8.PEAKS_VERSION + 1), **good)
-    for content in (b"not a zip file", stale.getvalue()):
+    from safetensors.numpy import save
+
+    stale = save(good, metadata={"format": torch_int8.PEAKS_FORMAT,  # another version's peaks
+                                 "version": str(torch_int8.PEAKS_VERSION + 1)})
+    for content in (b"not a safetensors file", stale):
         path.write_bytes(content)
         assert torch_int8.load_peaks(path) is None
         Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8").query
@@ -109,7 +110,7 @@ def test_a_model_folder_s_own_peaks_come_first(tiny_model: Path, tiny_student: P
 
 @pytest.mark.slow
 def test_the_shipped_student_s_peaks_are_its_calibration(built_me5: Path) -> None:
-    """vecplug/students/*/int8-peaks.npz is what the code computes for that student now
+    """vecplug/students/*/int8-peaks.safetensors is what the code computes for that student now
     (benchmarks/ship_student.py --peaks-only rewrites it)."""
     from vecplug.indexer.encoder import TextEncoder
     from vecplug.indexer.models import DEFAULT_STUDENTS, resolve_model
