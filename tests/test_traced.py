@@ -59,12 +59,12 @@ def test_the_trace_setting_keeps_an_index_s_encoder_eager(tiny_model: Path, tmp_
                                                 "model": {"document": str(tiny_model)}})
     with vecplug.create_index(None, settings=settings) as index:
         index.add_documents([vecplug.Document("a", "water boils at one hundred degrees", "api")])
-    for value, traced in (("0", False), ("1", True)):
+    for value, expected in (("0", False), ("1", True)):
         monkeypatch.setenv("VECPLUG_MODEL_TRACE", value)
         with vecplug.open_index(str(tmp_path / "idx")) as index:
             for text in QUERIES:
                 index.search(text, 1)
-            assert (index.encoder.query.graph is not None) is traced, value
+            assert (index.encoder.query.graph is not None) is expected, value
 
 
 def test_batches_of_documents_do_not_count(tiny_model: Path) -> None:
