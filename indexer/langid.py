@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from vecplug.errors import MissingDependencyError
+from vecplug.types import Document
 
 UNDETERMINED = "und"
 _KANA = re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
@@ -51,3 +54,34 @@ class LanguageDetector:
 
     def detect_many(self, texts: Sequence[str]) -> list[str]:
         return [self.detect(t) for t in texts]
+
+
+def one_language_per_file(documents: Iterable[Document], detect: Callable[[str], str]) -> Iterator[Document]:
+    """The passages of a .txt/.md file (one document, cut into passages) get the language of
+    the file's start (as many characters as the detector reads), detected once: a
+    passage alone, short or full of names, is detected less surely, and one file would
+    otherwise come out in several languages (mono searches would miss its passages). Records
+    of .jsonl/.csv files, and documents that give their language, keep theirs."""
+    from vecplug.indexer.corpus import TEXT_SUFFIXES
+
+    pending: list[Document] = []
+
+    def flush() -> Iterator[Document]:
+        start = ""
+        for p in pending:  # not the whole file joined: it may be tens of MB
+            start = f"{start} {p.text}" if start else p.text
+            if len(start) >= SAMPLE_CHARS:
+                break
+        found = detect(start[:SAMPLE_CHARS])
+        yield from (replace(p, lang=found) for p in pending)
+        pending.clear()
+
+    for doc in documents:
+        if pending and doc.source != pending[0].source:
+            yield from flush()
+        if doc.lang is None and Path(doc.source).suffix.lower() in TEXT_SUFFIXES:
+            pending.append(doc)
+        else:
+            yield doc
+    if pending:
+        yield from flush()

@@ -277,6 +277,12 @@ def activation_peaks(path: Path, feeds: Iterable[tuple[np.ndarray, np.ndarray]],
     return [by_name[name] for name in inputs]
 
 
+def smoothing_factors(peak: np.ndarray, weight_peak: np.ndarray, alpha: float = SMOOTH_ALPHA) -> np.ndarray:
+    """SmoothQuant's s_j = peak_j^alpha / max|W_j|^(1-alpha) per input channel j, from the
+    activations' peaks and the weight's largest |value| per input channel (float32)."""
+    return (np.maximum(peak, 1e-5) ** alpha / np.maximum(weight_peak, 1e-5) ** (1 - alpha)).astype(np.float32)
+
+
 def smooth_inputs(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float = SMOOTH_ALPHA,
                   kinds: Iterable[str] = ("narrowing",)) -> None:
     """SmoothQuant (Xiao et al. 2023) for the nodes of ``kinds``: the same function, easier to
@@ -303,7 +309,7 @@ def smooth_inputs(src: Path, dst: Path, peaks: list[np.ndarray], alpha: float = 
         raise ValueError(f"{len(peaks)} calibration peaks for {len(targets)} layers")
     for node, peak in zip(targets, peaks):
         w = numpy_helper.to_array(weights[node.input[1]]).astype(np.float32)
-        s = (np.maximum(peak, 1e-5) ** alpha / np.maximum(np.abs(w).max(axis=1), 1e-5) ** (1 - alpha))
+        s = smoothing_factors(peak, np.abs(w).max(axis=1), alpha)  # MatMul weights: (in, out)
         weights[node.input[1]].CopyFrom(numpy_helper.from_array(w * s[:, None].astype(np.float32),
                                                                 node.input[1]))
         inverse, smoothed = f"{node.name}.smooth_inverse", f"{node.name}.smoothed_input"

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from vecplug.fsutil import atomic_write_bytes
+from vecplug.indexer.onnx_runtime import SMOOTH_ALPHA, smoothing_factors
 
-#: SmoothQuant's migration strength, as in ONNX Runtime's query recipe
-ALPHA = 0.75
+#: SmoothQuant's migration strength: ONNX Runtime's query recipe's
+ALPHA = SMOOTH_ALPHA
 #: tokens a calibration sentence is cut at: a query's default limit
 CALIBRATION_MAX_LENGTH = 64
 #: bump when the peaks' definition changes: cached peaks of another version are recomputed
@@ -131,9 +132,8 @@ def smooth(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA) -> No
 
     for name in narrowing(model):
         linear = model.get_submodule(name)
-        w = linear.weight.data
-        peak = torch.from_numpy(peaks[name]).to(w.dtype)
-        s = peak.clamp(min=1e-5) ** alpha / w.abs().amax(dim=0).clamp(min=1e-5) ** (1 - alpha)
+        w = linear.weight.data  # Linear weights: (out, in)
+        s = torch.from_numpy(smoothing_factors(peaks[name], w.abs().amax(dim=0).numpy(), alpha)).to(w.dtype)
         linear.weight.data = w * s[None, :]
         _replace(model, name, _smoothed(1.0 / s, linear))
 

@@ -308,7 +308,7 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
 def test_the_passages_of_a_text_file_share_its_language() -> None:
     """One detection per .txt/.md file, from its start; records and documents that give their
     language keep theirs."""
-    from vecplug.api import one_language_per_file
+    from vecplug.indexer.langid import one_language_per_file
     from vecplug.indexer.langid import SAMPLE_CHARS
 
     seen: list[str] = []

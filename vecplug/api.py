@@ -71,38 +71,6 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
 
 #: documents of a folder compared with the index's to tell its first folder, moved
 RELOCATION_SAMPLE = 16
-def one_language_per_file(documents: Iterable[Document], detect: Any) -> Iterator[Document]:
-    """The passages of a .txt/.md file (one document, cut into passages) get the language of
-    the file's start (as many characters as the detector reads), detected once: a
-    passage alone, short or full of names, is detected less surely, and one file would
-    otherwise come out in several languages (mono searches would miss its passages). Records
-    of .jsonl/.csv files, and documents that give their language, keep theirs."""
-    from dataclasses import replace
-
-    from vecplug.indexer.corpus import TEXT_SUFFIXES
-    from vecplug.indexer.langid import SAMPLE_CHARS
-
-    pending: list[Document] = []
-
-    def flush() -> Iterator[Document]:
-        start = ""
-        for p in pending:  # not the whole file joined: it may be tens of MB
-            start = f"{start} {p.text}" if start else p.text
-            if len(start) >= SAMPLE_CHARS:
-                break
-        found = detect(start[:SAMPLE_CHARS])
-        yield from (replace(p, lang=found) for p in pending)
-        pending.clear()
-
-    for doc in documents:
-        if pending and doc.source != pending[0].source:
-            yield from flush()
-        if doc.lang is None and Path(doc.source).suffix.lower() in TEXT_SUFFIXES:
-            pending.append(doc)
-        else:
-            yield doc
-    if pending:
-        yield from flush()
 
 
 def _blank(text: str) -> bool:
@@ -307,6 +275,8 @@ class Index:
                                                "embed_fields": list(c.embed_fields)}}
         documents: Iterable[Document] = reader.documents()
         if not (lang or c.lang):
+            from vecplug.indexer.langid import one_language_per_file
+
             documents = one_language_per_file(documents, self.detector.detect)
         first = built_from == source_root or (built_from is None and self.store.count() == 0)
         if not first and built_from is not None:
@@ -330,14 +300,15 @@ class Index:
             def keep() -> set[str]:
                 return set(reader.unread)
         else:
-            space = source_root if root.is_dir() else str(Path(source_root).parent)
+            folder = root.is_dir()  # once: owns runs for every record a prune reads
+            space = source_root if folder else str(Path(source_root).parent)
             documents = (replace(d, id=f"{space}/{d.id}", source=f"{space}/{d.source}")
                          for d in documents)
             # a folder owns what lies under it; a file given alone, only its own documents
-            mine = source_root + "/" if root.is_dir() else source_root
+            mine = source_root + "/" if folder else source_root
 
             def owns(record: Any) -> bool:
-                return record.source.startswith(mine) if root.is_dir() else record.source == mine
+                return record.source.startswith(mine) if folder else record.source == mine
 
             def may_own(rid: str) -> bool:
                 return rid.startswith(mine)
