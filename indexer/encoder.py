@@ -261,21 +261,11 @@ class TextEncoder:
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
     def _int8_query(self) -> Any:
-        """The model in torch's int8 recipe for a student's queries (``indexer.torch_int8``).
-        Its smoothing peaks come from the model's folder (a shipped student carries them), else
-        from the cache, else from :meth:`calibration_peaks` (~5 s for the shipped student),
-        cached by the model's checksum."""
-        from vecplug.indexer.models import vecplug_home
-        from vecplug.indexer.torch_int8 import PEAKS_FILE, int8_query, load_peaks, narrowing, save_peaks
+        """The model in torch's int8 recipe for a student's queries (``indexer.torch_int8``),
+        smoothed by the model's peaks (its folder's, cached or calibrated: ``model_peaks``)."""
+        from vecplug.indexer.torch_int8 import int8_query, model_peaks
 
-        names = set(narrowing(self.model))
-        cached = vecplug_home() / "cache" / f"int8-peaks-{self.info.checksum}.safetensors"
-        peaks = next((p for p in map(load_peaks, (self.info.path / PEAKS_FILE, cached))
-                      if p is not None and set(p) == names), None)
-        if peaks is None:
-            peaks = self.calibration_peaks()
-            save_peaks(cached, peaks)
-        return int8_query(self.model, peaks)
+        return int8_query(self.model, model_peaks(self.info, self.model, self.calibration_peaks))
 
     def calibration_peaks(self) -> dict[str, np.ndarray]:
         """The float32 model's activation peaks at its FFN down-projections over the shipped
