@@ -200,11 +200,9 @@ def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
         fns = {"traced graph": lambda t: index.encoder.encode_queries([t]), "eager": eager}
         if query.quantize == "int8" and index.encoder.query_info.teacher is not None:
             # a student's int8 recipe (indexer.torch_int8) against the general one, traced too
-            enc = index.encoder
-            for name, variant in (("general int8 recipe", _general_int8(index)),
-                                  ("Q, K, V apart", _unfused_int8(index))):
-                fns[f"traced graph, {name}"] = lambda t, v=variant: v.encode(
-                    [t], enc.query_prefix, enc.query_max_length, progress=False)
+            general, enc = _general_int8(index), index.encoder
+            fns["traced graph, general int8 recipe"] = lambda t: general.encode(
+                [t], enc.query_prefix, enc.query_max_length, progress=False)
         times = interleaved(list(fns.values()), sample)
         rows += [_row(spec, f"encode, interleaved: {name}", threads, lat, traced=name != "eager")
                  for name, lat in zip(fns, times)]
@@ -214,35 +212,15 @@ def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
 def _general_int8(index: Any) -> Any:
     """The index's student with torch's general int8 recipe (the FFN down-projections float32,
     activations on 7 bits), its graph traced in a warm-up: a ``TextEncoder``."""
-    return _traced(_student(index, quantize="int8", int8_recipe="int8"), index)
-
-
-def _unfused_int8(index: Any) -> Any:
-    """The index's student with a student's int8 recipe but its attentions' Q, K and V as three
-    int8 layers (``torch_int8.int8_query(fuse=False)``), traced: a ``TextEncoder``."""
-    from vecplug.indexer.torch_int8 import int8_query, model_peaks
-
-    apart = _student(index, quantize=None)
-    apart.model = int8_query(apart.model, model_peaks(apart.info, apart.model, apart.calibration_peaks), fuse=False)
-    return _traced(apart, index)
-
-
-def _student(index: Any, **options: Any) -> Any:
-    """Another ``TextEncoder`` of the index's student, on the same token table."""
     from vecplug.indexer.encoder import TextEncoder
 
     enc = index.encoder
     shared = enc.query.model.get_input_embeddings().weight.detach()
-    return TextEncoder(enc.query_info, enc.batch_tokens, enc.threads, shared, post=enc.query.post,
-                       runtime="torch", **options)
-
-
-def _traced(encoder: Any, index: Any) -> Any:
-    """``encoder`` once warm-up queries have made its traced graph."""
-    enc = index.encoder
-    for _ in range(encoder.trace_after or 0):
-        encoder.encode(["warm-up query"], enc.query_prefix, enc.query_max_length, progress=False)
-    return encoder
+    general = TextEncoder(enc.query_info, enc.batch_tokens, enc.threads, shared, post=enc.query.post,
+                          quantize="int8", runtime="torch", int8_recipe="int8")
+    for _ in range(general.trace_after or 0):
+        general.encode(["warm-up query"], enc.query_prefix, enc.query_max_length, progress=False)
+    return general
 
 
 def _row(spec: str, stage: str, threads: int, lat: Sequence[float], traced: bool) -> dict[str, Any]:

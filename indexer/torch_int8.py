@@ -14,15 +14,12 @@ This recipe smooths the down-projections' inputs first, as ONNX Runtime's ``int8
 channel is divided by a factor that the weight's column takes on, so the float32 function is
 unchanged. The factors come from the activations' peaks on the shipped calibration sentences:
 shipped with the student (:data:`PEAKS_FILE`), or computed once per model and cached (safetensors: data, never a pickle).
-Each attention's Q, K and V run as one int8 layer (:func:`fuse_projections`: fewer, wider
-products, the same vectors). Then every linear layer is int8, with activations on the full 8
-bits. In the README's query latency run the shipped student's traced int8 encode took 34% less
-time than with the general recipe, and on XQuAD-R it kept the same share of fp32's X-Y mAP@20
-(README "Student figures").
+Then every linear layer is int8, with activations on the full 8 bits. In the README's query
+latency run the shipped student's traced int8 encode took 34% less time than with the general
+recipe, and on XQuAD-R it kept the same share of fp32's X-Y mAP@20 (README "Student figures").
 """
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -121,15 +118,12 @@ def model_peaks(info: Any, model: Any, calibrate: Callable[[], dict[str, np.ndar
     return peaks
 
 
-def int8_query(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA, fuse: bool = True) -> Any:
-    """``model`` (changed in place) with its down-projections smoothed by ``peaks``, each
-    attention's Q, K, V as one layer (:func:`fuse_projections`, unless ``fuse`` is false) and
-    every linear layer int8 (weights per output channel, activations per tensor on 8 bits)."""
+def int8_query(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA) -> Any:
+    """``model`` (changed in place) with its down-projections smoothed by ``peaks`` and every
+    linear layer int8 (weights per output channel, activations per tensor on 8 bits)."""
     import torch
 
     smooth(model, peaks, alpha)
-    if fuse:
-        fuse_projections(model)
     with warnings.catch_warnings():
         # torch marks its eager-mode quantisation as deprecated in favour of torchao, which
         # this machine does not have; it still works and is measured in the README
@@ -159,79 +153,6 @@ def smooth(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA) -> No
         s = torch.from_numpy(smoothing_factors(peaks[name], w.abs().amax(dim=0).numpy(), alpha)).to(w.dtype)
         linear.weight.data = w * s[None, :]
         _replace(model, name, _smoothed(1.0 / s, linear))
-
-
-#: the attention's input projections, in the order a self-attention module calls them
-PROJECTIONS = ("query", "key", "value")
-
-
-def fuse_projections(model: Any) -> int:
-    """Each self-attention's query, key and value layers as one linear layer, in place; the
-    number of attention modules fused.
-
-    The three read the same input, so one product of thrice the width does their work: 12 int8
-    calls fewer per query for the shipped student's 6 layers, and a wider product runs nearer the
-    machine's speed on a query's thin matrices. In int8 the vectors are the same: the three shared
-    one activation scale already, and per-channel weight scales are per output row. The modules'
-    own code still calls ``self.query(x)``, ``self.key(x)``, ``self.value(x)``; those now return
-    slices of one product, made on the first call for an input (so a traced graph holds one)."""
-    import torch
-
-    fused = 0
-    for module in list(model.modules()):
-        parts = [getattr(module, name, None) for name in PROJECTIONS]
-        if not all(type(p) is torch.nn.Linear for p in parts) or len(
-                {(p.in_features, p.bias is None, p.weight.dtype) for p in parts}) != 1:
-            continue
-        joint = torch.nn.Linear(parts[0].in_features, sum(p.out_features for p in parts),
-                                bias=parts[0].bias is not None, dtype=parts[0].weight.dtype)
-        with torch.no_grad():
-            joint.weight.copy_(torch.cat([p.weight for p in parts]))
-            if joint.bias is not None:
-                joint.bias.copy_(torch.cat([p.bias for p in parts]))
-        module.qkv_projection = joint
-        shared = _SharedProduct(module)
-        start = 0
-        for name, part in zip(PROJECTIONS, parts):
-            setattr(module, name, _slice(shared, start, part.out_features))
-            start += part.out_features
-        fused += 1
-    return fused
-
-
-class _SharedProduct:
-    """The joint projection of one attention module, computed once per input. Per thread: two
-    threads encoding at once each keep their own product (a traced graph keeps none: it records
-    the one product and its slices)."""
-
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner  # not a submodule: the product layer is registered on the owner
-        self.local = threading.local()
-
-    def slice(self, x: Any, start: int, width: int) -> Any:
-        state = self.local
-        if getattr(state, "input", None) is not x:
-            state.input, state.output, state.left = x, self.owner.qkv_projection(x), len(PROJECTIONS)
-        out = state.output.narrow(-1, start, width)
-        state.left -= 1
-        if not state.left:  # every slice served: hold no activations between calls
-            state.input = state.output = None
-        return out
-
-
-def _slice(shared: _SharedProduct, start: int, width: int) -> Any:
-    import torch
-
-    class Slice(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.start, self.width = start, width
-            self.__dict__["shared"] = shared  # a plain attribute: the owner is no child of its parts
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.shared.slice(x, self.start, self.width)
-
-    return Slice()
 
 
 def _replace(model: Any, name: str, module: Any) -> None:

@@ -34,15 +34,13 @@ def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny
     # int8 layers (as ``--int8`` makes them: all but the 2 down-projections) are timed too
     y = bench.linear_time(_int8(model), tokens=7, reps=3)
     assert y["layers"] == 12 and y["int8"] == 10 and y["mflop"] == pytest.approx(x["mflop"])
-    # a student's recipe: every layer int8 behind its full-range wrapper, each timed once; Q, K
-    # and V as one layer (the same FLOPs), or apart
+    # a student's recipe: every layer int8 behind its full-range wrapper, each timed once
     from vecplug.indexer import torch_int8
 
-    for fuse, layers in ((True, 8), (False, 12)):
-        recipe = AutoModel.from_pretrained(str(tiny_model), add_pooling_layer=False)
-        peaks = {name: np.ones(64, dtype=np.float32) for name in torch_int8.narrowing(recipe)}
-        z = bench.linear_time(torch_int8.int8_query(recipe, peaks, fuse=fuse), tokens=7, reps=3)
-        assert z["layers"] == layers and z["int8"] == layers and z["mflop"] == pytest.approx(x["mflop"])
+    recipe = AutoModel.from_pretrained(str(tiny_model), add_pooling_layer=False)
+    peaks = {name: np.ones(64, dtype=np.float32) for name in torch_int8.narrowing(recipe)}
+    z = bench.linear_time(torch_int8.int8_query(recipe, peaks), tokens=7, reps=3)
+    assert z["layers"] == 12 and z["int8"] == 12 and z["mflop"] == pytest.approx(x["mflop"])
     assert bench.linear_time(torch.nn.Sequential(torch.nn.ReLU()), tokens=7) is None
 
 
@@ -92,21 +90,3 @@ def test_the_general_int8_recipe_is_timed_beside_a_student_s(bench: ModuleType, 
     linears = [m for m in general.model.modules() if type(m) is torch.nn.Linear]
     assert len(linears) == 1 and linears[0].in_features > linears[0].out_features
     assert not [m for m in enc.query.model.modules() if type(m) is torch.nn.Linear]
-
-
-def test_the_student_s_recipe_is_timed_with_q_k_v_apart(bench: ModuleType, tiny_model: Path,
-                                                       tiny_student: Path) -> None:
-    """The interleaved row that shows what one Q, K, V product saves: the same vectors, three
-    int8 layers an attention, traced."""
-    from types import SimpleNamespace
-
-    from vecplug.indexer.encoder import Encoder
-
-    enc = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8")
-    apart = bench._unfused_int8(SimpleNamespace(encoder=enc))
-    assert apart.graph is not None
-    assert not [m for m in apart.model.modules() if hasattr(m, "qkv_projection")]
-    assert [m for m in enc.query.model.modules() if hasattr(m, "qkv_projection")]
-    texts = ["wasser kocht bei hundert grad", "the lazy dog"]
-    np.testing.assert_allclose(apart.encode(texts, enc.query_prefix, enc.query_max_length),
-                               enc.encode_queries(texts), atol=1e-6)

@@ -44,10 +44,8 @@ def test_a_student_s_int8_queries_take_the_recipe_and_cache_its_calibration(
     int8 = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8")
     model = int8.query.model
     assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every layer int8
-    attention = len([m for m in model.modules() if hasattr(m, "qkv_projection")])
-    assert attention == 1  # the student's one layer: Q, K, V as one product
     assert len([m for m in model.modules() if hasattr(m, "dynamic")]) == len(
-        [m for m in fp32.query.model.modules() if type(m) is torch.nn.Linear]) - 2 * attention
+        [m for m in fp32.query.model.modules() if type(m) is torch.nn.Linear])
     assert len([m for m in model.modules() if hasattr(m, "inverse")]) == 1  # the student's one FFN
     a, b = fp32.encode_queries(TEXTS), int8.encode_queries(TEXTS)
     assert not np.allclose(a, b, atol=1e-6) and (a * b).sum(1).min() > 0.95
@@ -65,57 +63,6 @@ def test_a_student_s_int8_queries_take_the_recipe_and_cache_its_calibration(
         again.encode_queries([text])
     assert again.query.graph is not None
     np.testing.assert_allclose(again.encode_queries(TEXTS), b, atol=1e-6)
-
-
-def test_fused_projections_give_the_three_layers_vectors(tiny_model: Path, tiny_student: Path,
-                                                         fresh_machine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Q, K, V as one product: the float32 function and the int8 recipe's vectors are the same
-    as with three layers (one activation scale either way; per-row weight scales)."""
-    import torch
-
-    enc = Encoder.from_specs(str(tiny_model), query_quantize="none")
-    model = enc.query.model
-    ids, mask = (torch.from_numpy(a) for a in _batches(enc)[0])
-    with torch.inference_mode():
-        before = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        assert torch_int8.fuse_projections(model) == 2  # the tiny model's two layers
-        after = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert not [n for n, m in model.named_modules()
-                if n.endswith(torch_int8.PROJECTIONS) and isinstance(m, torch.nn.Linear)]
-    torch.testing.assert_close(after, before, atol=1e-6, rtol=1e-6)
-    fused = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8", trace=False)
-    monkeypatch.setattr(torch_int8, "fuse_projections", lambda model: 0)
-    apart = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="int8", trace=False)
-    assert not [m for m in apart.query.model.modules() if hasattr(m, "qkv_projection")]
-    np.testing.assert_allclose(fused.encode_queries(TEXTS), apart.encode_queries(TEXTS), atol=1e-6)
-
-
-def test_each_thread_keeps_its_own_joint_product() -> None:
-    """Between one thread's query and key slices another thread projects its own input: each
-    thread's product is made once and its slices come from it; none is held afterwards."""
-    import threading
-    from types import SimpleNamespace
-
-    import torch
-
-    products = []
-
-    def project(x: torch.Tensor) -> torch.Tensor:
-        products.append(x)
-        return torch.cat([x, x + 1, x + 2], dim=-1)
-
-    shared = torch_int8._SharedProduct(SimpleNamespace(qkv_projection=project))
-    mine, theirs = torch.zeros(1, 2, 3), torch.full((1, 2, 3), 10.0)
-    query = shared.slice(mine, 0, 3)
-    other: list[torch.Tensor] = []
-    thread = threading.Thread(target=lambda: other.extend(shared.slice(theirs, i * 3, 3) for i in range(3)))
-    thread.start()
-    thread.join()
-    key, value = shared.slice(mine, 3, 3), shared.slice(mine, 6, 3)
-    assert len(products) == 2  # one a thread: the other thread's product did not replace mine
-    for got, want in zip((query, key, value, *other), (mine, mine + 1, mine + 2, theirs, theirs + 1, theirs + 2)):
-        assert torch.equal(got, want)
-    assert shared.local.input is None and shared.local.output is None
 
 
 def test_a_stale_or_broken_calibration_cache_is_made_again(tiny_model: Path, tiny_student: Path,
