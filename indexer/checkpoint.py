@@ -2,26 +2,34 @@
 safetensors, the rest JSON) and the learning-rate schedule, so that a resumed run continues
 exactly where it stopped.
 
-A checkpoint is three files in a work folder; ``state.json`` is written last and names the
-run's fingerprint, so a checkpoint is used only by the same configuration and data, and a
-crash while writing leaves the previous checkpoint whole.
+A checkpoint is a weights file and an optimizer file of its own names, and ``state.json``,
+which names them and the run's fingerprint, so a checkpoint is used only by the same
+configuration and data. The two files are written and flushed to disk first; replacing
+``state.json`` (atomically, flushed) then switches to them in one step, and only after that
+are the previous checkpoint's files removed. A crash at any point leaves one whole checkpoint:
+the new one or the previous one, never new weights under an old step.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-STATE, WEIGHTS, OPTIMIZER = "state.json", "weights.safetensors", "optimizer.safetensors"
+STATE = "state.json"
+#: the files of checkpoints written before they were named by their step
+WEIGHTS, OPTIMIZER = "weights.safetensors", "optimizer.safetensors"
 
 
 def save(work: Path, named: dict[str, Any], optimizer: Any, state: dict[str, Any]) -> None:
-    """Write ``named`` parameters (name -> tensor), ``optimizer``'s Adam moments and ``state``."""
+    """Write ``named`` parameters (name -> tensor), ``optimizer``'s Adam moments and ``state``
+    (with ``step``) as the work folder's checkpoint, replacing the previous one."""
     import torch
     from safetensors.torch import save_file
 
+    from vecplug.fsutil import atomic_write_json, fsync_path
+
     work.mkdir(parents=True, exist_ok=True)
-    save_file({n: p.detach().contiguous() for n, p in named.items()}, str(work / "weights.tmp"))
     ids = {id(p): n for n, p in named.items()}
     opt: dict[str, Any] = {}
     for group in optimizer.param_groups:
@@ -35,32 +43,42 @@ def save(work: Path, named: dict[str, Any], optimizer: Any, state: dict[str, Any
                                 else torch.tensor([float(step)]))
             opt[f"{n}.exp_avg"] = st["exp_avg"].contiguous()
             opt[f"{n}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
-    save_file(opt, str(work / "optimizer.tmp"))
-    (work / "weights.tmp").replace(work / WEIGHTS)
-    (work / "optimizer.tmp").replace(work / OPTIMIZER)
-    tmp = work / "state.tmp"
-    tmp.write_text(json.dumps(state))
-    tmp.replace(work / STATE)  # last: the state names a complete checkpoint
+    # new names every time (a step saved twice must not overwrite the checkpoint in use)
+    tag = f"{state.get('step', 0)}-{os.urandom(4).hex()}"
+    files = {"weights": f"weights-{tag}.safetensors", "optimizer": f"optimizer-{tag}.safetensors"}
+    save_file({n: p.detach().contiguous() for n, p in named.items()}, str(work / files["weights"]))
+    save_file(opt, str(work / files["optimizer"]))
+    for name in files.values():
+        fsync_path(work / name)  # on disk before the state names them
+    atomic_write_json(work / STATE, {**state, "files": files})  # the switch
+    for old in work.glob("*.safetensors"):  # the previous checkpoint's, and any a crash left
+        if old.name not in files.values():
+            old.unlink(missing_ok=True)
 
 
 def load(work: Path, key: str, named: dict[str, Any], optimizer: Any) -> dict[str, Any] | None:
     """Restore a checkpoint of the run ``key`` into ``named`` and ``optimizer``; its state, or
-    None when there is none (or it belongs to another run)."""
+    None when there is none (or it belongs to another run, or its files are unreadable)."""
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         state = json.loads((work / STATE).read_text())
     except (OSError, ValueError):
         return None
-    if state.get("key") != key or not (work / WEIGHTS).is_file():
+    if not isinstance(state, dict) or state.get("key") != key:
         return None
-    weights = load_file(str(work / WEIGHTS))
+    files = state.get("files") or {"weights": WEIGHTS, "optimizer": OPTIMIZER}
+    try:
+        weights = load_file(str(work / files["weights"]))
+        saved = load_file(str(work / files["optimizer"])) if os.path.isfile(work / files["optimizer"]) else {}
+    except (OSError, SafetensorError, KeyError, TypeError):
+        return None  # a damaged checkpoint: the run starts over rather than from wrong weights
     with torch.no_grad():
         for n, p in named.items():
             if n in weights:
                 p.copy_(weights[n])
-    saved = load_file(str(work / OPTIMIZER)) if (work / OPTIMIZER).is_file() else {}
     for n, p in named.items():
         if f"{n}.exp_avg" in saved:
             optimizer.state[p] = {"step": saved[f"{n}.step"].reshape(()), "exp_avg": saved[f"{n}.exp_avg"],
