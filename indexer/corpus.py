@@ -177,7 +177,10 @@ class CorpusReader:
         """
         root = Path(os.path.realpath(self.root))
         if root.is_file():
-            if self._safe_name(root):
+            if root.suffix.lower() not in SUFFIXES:
+                # given by name, so said, not passed over as a folder's other files are
+                self._skip(root, f"not a file type vecplug reads ({', '.join(SUFFIXES)})")
+            elif self._safe_name(root):
                 yield root, root
             return
         stack = [root]
@@ -355,6 +358,7 @@ class CorpusReader:
                 break
             except (csv.Error, CsvUnclosed) as exc:
                 if header is None:
+                    self.unread.add(rel)  # its last good records stay
                     self._report(rel, f"malformed CSV header: {exc}: file skipped", line)
                     return
                 self._report(rel, f"malformed CSV: {exc}", line)
@@ -365,6 +369,7 @@ class CorpusReader:
             bad = next((m for m in map(_BAD_TEXT.search, row) if m), None)
             if bad:
                 if header is None:
+                    self.unread.add(rel)  # its last good records stay
                     self._report(rel, f"{_bad_text_reason(bad.group())} in the header: file skipped", line)
                     return
                 self._report(rel, _bad_text_reason(bad.group()), line)
@@ -373,6 +378,7 @@ class CorpusReader:
                 twice = _first_duplicate(row)
                 if twice is not None:
                     # a dict keeps the last one: the other column would be lost silently
+                    self.unread.add(rel)  # its last good records stay
                     self._report(rel, f"column {_short(twice)!r} appears twice in the header: "
                                       "file skipped", line)
                     return

@@ -208,3 +208,27 @@ def test_overlapping_passages_start_at_a_word() -> None:
     chars = [(i, i + 1) for i in range(len(zh))]
     parts = chunk(zh, lambda t: chars, size=30, overlap=10)
     assert len(parts[1]) + len(parts[0]) > 30 + 5  # the overlap is kept
+
+
+def test_a_csv_skipped_for_its_header_keeps_its_last_good_records(tmp_path: Path) -> None:
+    """A header that cannot be read skips the file as one that cannot be read: it is listed as
+    unread, so an index keeps the records it holds from it (before, they were pruned)."""
+    headers = {"dup.csv": b"id,title,text,title\n", "quote.csv": b'id,"text\n', "nul.csv": b"id,te\x00xt\n"}
+    for name, header in headers.items():
+        (tmp_path / name).write_bytes(header + b"1,a title,some text\n")
+    reader = CorpusReader(tmp_path, words, CorpusOptions())
+    assert list(reader.documents()) == []
+    assert reader.unread == set(headers)
+    assert all("file skipped" in p.reason or "binary" in p.reason for p in reader.problems)
+
+
+def test_a_file_of_another_type_given_alone_is_refused_not_read_as_csv(tmp_path: Path) -> None:
+    """A folder's other files are passed over; one named alone is said to be of a type vecplug
+    does not read (before, anything not .txt, .md or .jsonl was parsed as CSV)."""
+    for name in ("app.log", "readme.rst"):
+        (tmp_path / name).write_text("text\nfirst line of the file\nsecond line\n")
+        reader = CorpusReader(tmp_path / name, words, CorpusOptions())
+        assert list(reader.documents()) == []
+        assert [(p.path, p.reason) for p in reader.problems] == [
+            (name, "not a file type vecplug reads (.txt, .md, .jsonl, .csv)")]
+        assert reader.unread == {name}
