@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from vecplug.api import Index, settings_for
-    from vecplug.types import Document
+    from vecplug.types import HNSW_DEFAULTS, Document
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -195,6 +195,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         encoder = index.encoder
         encoder.document, encoder.query  # both are loaded on first use: load them outside the timings
         load_seconds = time.perf_counter() - t0
+        # the graph's parameters as the index records them (a reused index keeps its own), the
+        # search breadth as set for this run, else the recorded one
+        recorded = {**HNSW_DEFAULTS, **(index.manifest.get("store") or {})}
+        hnsw = {"M": recorded["M"], "ef_construction": recorded["ef_construction"],
+                "ef_search": recorded["ef_search"] if settings.index.hnsw_ef_search is None
+                else settings.index.hnsw_ef_search}
         try:
             # -- indexing
             docs = [Document(id=s.doc_id, text=s.text, source=f"xquad-r/{s.lang}", position=s.index,
@@ -282,8 +288,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "query_prefix": encoder.query_prefix, "document_prefix": encoder.document_prefix,
             "query_max_length": encoder.query_max_length, "document_max_length": encoder.document_max_length,
             "batch_tokens": m.batch_tokens, "store": "hnswlib",
-            "hnsw": {"M": settings.index.hnsw_m, "ef_construction": settings.index.hnsw_ef_construction,
-                     "ef_search": settings.index.hnsw_ef_search},
+            "hnsw": hnsw,
             "k_xy": args.k_xy, "k_mono": args.k_mono, "bias_k": args.bias_k,
             "limit": args.limit, "exact": args.exact, "exact_depth": args.exact_depth or pool_size,
             "index": str(args.index) if args.index else None,

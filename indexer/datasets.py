@@ -278,8 +278,11 @@ def load_language(path: str | Path, lang: str) -> LanguageData:
                 counts.append(len(sents))
                 qids.append([qa["id"] for qa in p["qas"]])
                 para += 1
-    except (KeyError, TypeError, IndexError) as exc:
-        # a field missing or of the wrong type: not the SQuAD/XQuAD-R shape
+    except DatasetError:
+        raise  # a ValueError too, but already says what is wrong
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        # a field missing or of the wrong type or shape (an answer_start "abc", a break of three
+        # numbers): not the SQuAD/XQuAD-R shape
         raise DatasetError(f"{path}: not XQuAD-R (SQuAD JSON with sentences and sentence_breaks): "
                            f"paragraph {para}: {type(exc).__name__} {exc}") from None
     return LanguageData(lang, contexts, sentences, questions, counts, qids)

@@ -104,6 +104,43 @@ def test_config_file_and_env(corpus: Path, tiny_model: Path, tmp_path: Path,
     assert "unknown key(s) colour" in run("search", "fox", "--config", str(bad), ok=False)
 
 
+def test_the_index_keeps_its_hnsw_parameters(corpus: Path, tiny_model: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index made with a wider ef_search (or another M) searches with it later, when no
+    setting says otherwise: the defaults do not override what the manifest records."""
+    import vecplug
+
+    monkeypatch.setenv("VECPLUG_INDEX_HNSW_EF_SEARCH", "512")
+    monkeypatch.setenv("VECPLUG_INDEX_HNSW_M", "8")
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    monkeypatch.delenv("VECPLUG_INDEX_HNSW_EF_SEARCH")
+    monkeypatch.delenv("VECPLUG_INDEX_HNSW_M")
+    assert "store:      M 8, ef_construction 200, ef_search 512" in run("info")
+    with vecplug.open_index() as index:  # as a plain vecplug search opens it
+        assert (index.store._options["ef_search"], index.store._options["M"]) == (512, 8)
+    monkeypatch.setenv("VECPLUG_INDEX_HNSW_EF_SEARCH", "64")  # a value set still wins
+    with vecplug.open_index() as index:
+        assert index.store._options["ef_search"] == 64 and index.manifest["store"]["ef_search"] == 512
+    assert "1. 1.000 [en] en.txt" in run("search", "the quick brown fox jumps over the lazy dog", "-k", "1")
+
+
+def test_search_arguments_are_checked_as_the_settings_are(corpus: Path, tiny_model: Path) -> None:
+    """Index.search and search_batch refuse ef and rerank_depth below 1, as the settings do:
+    ef=0 is not "unset" (the default breadth), rerank_depth=0 not "no rerank depth"."""
+    import vecplug
+
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    with vecplug.open_index() as index:
+        for kwargs in ({"ef": 0}, {"ef": -5}, {"rerank_depth": 0}, {"rerank_depth": -1, "rerank": "teacher"}):
+            name = next(iter(kwargs))
+            with pytest.raises(vecplug.ConfigError, match=f"{name} must be at least 1, not {kwargs[name]}"):
+                index.search("fox", k=2, **kwargs)
+            with pytest.raises(vecplug.ConfigError, match=f"{name} must be at least 1"):
+                index.search_batch(["fox", "agua"], k=2, **kwargs)
+        assert [h.rank for h in index.search("fox", k=2, ef=1, rerank_depth=1)] == [1, 2]  # k over ef: fine
+    assert "rerank_depth must be at least 1" in run("search", "fox", "--rerank-depth", "0", ok=False)
+
+
 def test_errors_are_clear() -> None:
     out = run("search", "anything", "--index", "nowhere", ok=False)
     assert "no vecplug index at nowhere" in out

@@ -100,3 +100,46 @@ def test_unknown_env_variable_of_a_section_rejected() -> None:
     # benchmarks' VECPLUG (the command to run) keep working
     env = {"VECPLUG_HOME": "/tmp/h", "VECPLUG_CONFIG": "", "VECPLUG": "/bin/vecplug", "VECPLUG_SEARCH_K": "2"}
     assert load_settings(environ=env) == Settings(search=SearchSettings(k=2))
+
+
+def test_limits_of_the_index_model_and_corpus_settings() -> None:
+    # hnswlib takes M 0 and then kills the process at the first insert (M 1: an error there)
+    for value in ("0", "1", "-1"):
+        with pytest.raises(ConfigError, match="index.hnsw_m must be at least 2"):
+            load_settings(environ={"VECPLUG_INDEX_HNSW_M": value})
+    for name in ("INDEX_HNSW_EF_CONSTRUCTION", "INDEX_HNSW_EF_SEARCH", "MODEL_THREADS", "CORPUS_MAX_FILE_MB"):
+        key = name.lower().replace("_", ".", 1)
+        with pytest.raises(ConfigError, match=f"{key} must be at least 1, not 0"):
+            load_settings(environ={f"VECPLUG_{name}": "0"})
+    s = load_settings(environ={"VECPLUG_INDEX_HNSW_M": "2", "VECPLUG_MODEL_THREADS": "1"})
+    assert (s.index.hnsw_m, s.model.threads) == (2, 1)
+    # unset: the index's recorded graph parameters, not the defaults over them
+    assert (s.index.hnsw_ef_construction, s.index.hnsw_ef_search) == (None, None)
+
+
+def test_yaml_keys_that_are_not_names(tmp_path: Path) -> None:
+    """YAML 1.1 reads unquoted on/off/yes/no as booleans and numbers as numbers: an error that
+    says so, not a traceback from sorting them beside the other keys."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("search: {k: 5, on: 1, off: 2}\n")
+    with pytest.raises(ConfigError, match="search: a key written on, yes or true .* quote it"):
+        load_settings(cfg, environ={})
+    cfg.write_text("search: {k: 5, no: 1, mode: xy, foo: 2}\n")
+    with pytest.raises(ConfigError, match="off, no or false .* quote it"):
+        load_settings(cfg, environ={})
+    cfg.write_text("1: {k: 5}\nsearch: {k: 2}\n")
+    with pytest.raises(ConfigError, match="YAML reads the key 1 as int.*quote it"):
+        load_settings(cfg, environ={})
+
+
+def test_a_fraction_is_no_integer(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("search: {k: 2.9}\n")
+    with pytest.raises(ConfigError, match="search.k: expected an integer, got 2.9"):  # not cut to 2
+        load_settings(cfg, environ={})
+    cfg.write_text("search: {k: .inf}\n")
+    with pytest.raises(ConfigError, match="search.k: expected an integer"):
+        load_settings(cfg, environ={})
+    cfg.write_text("search: {k: 2.0, prefer_boost: 1}\n")  # a whole number is one
+    s = load_settings(cfg, environ={})
+    assert s.search.k == 2 and isinstance(s.search.k, int) and s.search.prefer_boost == 1.0

@@ -162,6 +162,26 @@ def test_xquad_r_checks(tmp_path: Path) -> None:
         load_xquad_r(folder, ["es"])
 
 
+def test_xquad_r_values_of_the_wrong_shape(tmp_path: Path) -> None:
+    """A value of the right type but the wrong shape (a ValueError inside the loader) is the
+    loader's own error naming the file, as a missing field is."""
+    def paragraph(breaks: list[list[int]], answer_start: Any) -> dict[str, Any]:
+        return {"data": [{"paragraphs": [{
+            "context": "Ab. Cd.", "sentences": ["Ab.", "Cd."], "sentence_breaks": breaks,
+            "qas": [{"id": "q1", "question": "what?", "answers": [{"answer_start": answer_start, "text": "C"}]}]}]}]}
+
+    folder = tmp_path / "xq"
+    folder.mkdir()
+    for breaks, start, why in (([[0, 3], [4, 7]], "abc", "invalid literal"),
+                               ([[0, 3, 1], [4, 7, 1]], 4, "too many values")):
+        (folder / "en.json").write_text(json.dumps(paragraph(breaks, start)))
+        with pytest.raises(DatasetError, match=f"en.json: not XQuAD-R .*paragraph 0: ValueError {why}"):
+            load_xquad_r(folder)
+    (folder / "en.json").write_text(json.dumps(paragraph([[0, 3], [4, 7]], 9)))
+    with pytest.raises(DatasetError, match="answer_start 9 lies in no sentence"):  # its own message kept
+        load_xquad_r(folder)
+
+
 def test_benchmarks_keep_their_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import xquad_data
@@ -353,6 +373,21 @@ def test_runs() -> None:
         score_runs(small_dataset(), [Run("a"), Run("a")], lambda q: scripted())
 
 
+def test_query_encoder_folders_of_the_same_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two students each in a folder called ``student`` are two runs, labelled by as much of
+    their paths as tells them apart."""
+    for run in ("runA", "runB", "runC/x"):
+        (tmp_path / run / "student").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    runs = make_runs(["runA/student", str(tmp_path / "runB" / "student"), "me5-small"], ["xy"])
+    assert [r.label for r in runs] == ["runA/student", "runB/student", "me5-small"]
+    assert [r.label for r in make_runs(["runC/x/student", "runA/student"], ["xy"])] == [
+        "x/student", "runA/student"]
+    assert make_runs(["runA/student"], ["xy"])[0].label == "student"  # alone: its name
+    results = score_runs(small_dataset(), runs[:2], lambda q: scripted(), k=3)  # not refused as one
+    assert [r.run.query_encoder for r in results] == ["runA/student", str(tmp_path / "runB" / "student")]
+
+
 def test_runs_record_the_effective_debias() -> None:
     """A run that leaves the correction to the index reports what the index used."""
     class DebiasingIndex(ScriptedIndex):
@@ -406,6 +441,9 @@ def test_report_renders_and_writes(tmp_path: Path) -> None:
     report.write(tmp_path / "summary", per_query=False)
     short = json.loads((tmp_path / "summary" / "report.json").read_text())
     assert "queries" not in short["runs"][0] and short["runs"][0]["summary"] == data["runs"][0]["summary"]
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(VecplugError, match="cannot write the report into .*a-file/sub: Not a directory"):
+        report.write(tmp_path / "a-file" / "sub")
     svg = ET.parse(tmp_path / "out" / "heatmap-xy-default-query-encoder.svg").getroot()
     texts = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert "100%" in texts and "0%" in texts and "-" in texts  # de -> fr has no relevant document
@@ -550,6 +588,55 @@ def test_cli_eval_errors(tmp_path: Path, tiny_model: Path) -> None:
         result = CliRunner().invoke(cli, ["eval", str(beir), "--model", str(tiny_model), "--debias", given,
                                           "--no-debias", "-q"])
         assert result.exit_code == 2 and "--no-debias (= --debias off) contradicts" in result.output
+
+
+def test_cli_eval_out_that_cannot_be_written(tmp_path: Path, tiny_model: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """--out in a folder that cannot be made fails at once, cleanly, before any evaluating."""
+    import vecplug.evaluate
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("evaluated before checking --out")
+
+    monkeypatch.setattr(vecplug.evaluate, "evaluate", never)
+    (tmp_path / "a-file").write_text("x")
+    out = run_cli("eval", str(write_beir(tmp_path / "beir")), "--model", str(tiny_model),
+                  "--out", str(tmp_path / "a-file" / "sub"), "-q", ok=False)
+    assert f"Error: cannot write the report into {tmp_path / 'a-file' / 'sub'}: Not a directory" in out
+
+
+def test_eval_index_ignores_the_user_s_store_and_corpus_settings(tmp_path: Path, tiny_model: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary eval index is eval's own: no VECPLUG_INDEX_* sends the dataset elsewhere (a
+    Qdrant server), no corpus.lang relabels its documents; the model settings, what is
+    evaluated, still apply."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("VECPLUG_INDEX_URL", url)
+    monkeypatch.setenv("VECPLUG_INDEX_STORE", "qdrant")
+    monkeypatch.setenv("VECPLUG_INDEX_HNSW_EF_SEARCH", "512")
+    monkeypatch.setenv("VECPLUG_CORPUS_LANG", "de")
+    monkeypatch.setenv("VECPLUG_MODEL_DOCUMENT_MAX_LENGTH", "48")
+    ds = load_xquad_r_dataset(write_xquad(tmp_path / "xq"), ["en", "de"])
+    report = evaluate(ds, make_runs([None], ["mono"]), model=str(tiny_model), command="test")
+    assert report.index["path"] is None and report.index["documents"] == 11
+    assert report.index["report"]["languages"] == {"en": 6, "de": 5}  # the dataset's, not all "de"
+    assert report.index["encoder"]["document_max_length"] == 48
+    assert report.results[0].summary["overall"]["mrr@10"] == pytest.approx(1.0)
+
+    # an index folder given to eval: the user's index settings apply (the graph's search
+    # breadth here), the corpus ones still not
+    from vecplug.evaluate import index_settings
+
+    monkeypatch.delenv("VECPLUG_INDEX_URL")
+    monkeypatch.delenv("VECPLUG_INDEX_STORE")
+    kept = index_settings(str(tmp_path / "idx"), False, document=str(tiny_model))
+    assert (kept.index.path, kept.index.hnsw_ef_search, kept.corpus.lang) == (str(tmp_path / "idx"), 512, None)
+    private = index_settings(str(tmp_path / "tmp"), True, document=str(tiny_model), query=None)
+    assert private.index.hnsw_ef_search is None and private.model.document == str(tiny_model)
 
 
 def test_rerank_run_tiny_model(tmp_path: Path, tiny_model: Path) -> None:

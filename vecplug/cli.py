@@ -396,7 +396,7 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     --mode, --rerank and --debias.
     """
     from vecplug.config import normalise_langs
-    from vecplug.evaluate import evaluate, make_runs
+    from vecplug.evaluate import evaluate, make_runs, output_folder
     from vecplug.indexer.datasets import load_dataset
 
     if no_debias and debias in ("on", "both"):
@@ -413,6 +413,8 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     debias_values = {None: [None], "on": [True], "off": [False], "both": [False, True]}[choice]
     runs = make_runs(query_encoders or [None], modes, reranks or [None], debias_values)
     log = None if quiet else (lambda message: click.echo(message, err=True))
+    if out:
+        output_folder(out)  # a folder that cannot be written fails now, not after the evaluation
     # evaluate applies --limit once every query has a language (detected if not given)
     report = evaluate(data, runs, index_dir=index_path, model=model, rerank_depth=rerank_depth,
                       progress=not quiet, log=log, limit=limit)

@@ -2,7 +2,8 @@
 
 The YAML file mirrors the sections below (unknown keys are rejected)::
 
-    index:  {path: .vecplug, store: hnswlib, url: null, collection: vecplug}
+    index:  {path: .vecplug, store: hnswlib, url: null, collection: vecplug,
+             hnsw_m: null, hnsw_ef_construction: null, hnsw_ef_search: null}
     model:  {document: me5-small, query_max_length: 64, document_max_length: 256}
     corpus: {chunk_tokens: 200, chunk_overlap: 32, lang: null}
     search: {k: 10, mode: xy, debias: null, rerank: null, rerank_depth: 50}
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from vecplug.errors import ConfigError
-from vecplug.types import HNSW_DEFAULTS, lang_code
+from vecplug.types import lang_code
 
 MODES = ("xy", "mono", "prefer")
 QUANTIZE = ("auto", "none", "int8")
@@ -57,9 +58,13 @@ class IndexSettings:
     #: index free opens it in place (no copy: right for one-off searches) and holds it as a
     #: writer would until it closes
     reader_copy: bool = False
-    hnsw_m: int = HNSW_DEFAULTS["M"]
-    hnsw_ef_construction: int = HNSW_DEFAULTS["ef_construction"]
-    hnsw_ef_search: int = HNSW_DEFAULTS["ef_search"]
+    #: hnswlib graph parameters; None: the index's own (recorded in its manifest when it was
+    #: created), else :data:`~vecplug.types.HNSW_DEFAULTS` for a new index. A value set here
+    #: wins over the recorded one (``hnsw_m`` and ``hnsw_ef_construction`` shape only a graph
+    #: not built yet; ``hnsw_ef_search`` is the search breadth of this process)
+    hnsw_m: int | None = None
+    hnsw_ef_construction: int | None = None
+    hnsw_ef_search: int | None = None
     #: language-bias correction on by default for searches of this index (recorded in its
     #: manifest when the index is created; ``search.debias`` overrides it per search). On:
     #: it nearly doubles pooled X-Y quality on XQuAD-R and leaves same-language ranking as is
@@ -151,9 +156,16 @@ class Settings:
                             ("model.document_max_length", self.model.document_max_length),
                             ("model.batch_tokens", self.model.batch_tokens),
                             ("search.rerank_depth", self.search.rerank_depth),
-                            ("search.rerank_max_length", self.search.rerank_max_length)):
+                            ("search.rerank_max_length", self.search.rerank_max_length),
+                            ("index.hnsw_ef_construction", self.index.hnsw_ef_construction),
+                            ("index.hnsw_ef_search", self.index.hnsw_ef_search),
+                            ("model.threads", self.model.threads),
+                            ("corpus.max_file_mb", self.corpus.max_file_mb)):
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+        # hnswlib takes M < 2 without a word, then fails at the first insert (M 0 kills the process)
+        if self.index.hnsw_m is not None and self.index.hnsw_m < 2:
+            raise ConfigError(f"index.hnsw_m must be at least 2, not {self.index.hnsw_m}")
         if self.search.ef is not None and self.search.ef < 1:
             raise ConfigError(f"search.ef must be at least 1, not {self.search.ef}")
         if self.model.query_quantize not in (None, *QUANTIZE):  # None: as "none"
@@ -214,6 +226,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         what = "an integer" if tp is int else "a number"
         if isinstance(value, bool):
             raise ConfigError(f"{where}: expected {what}, got {value!r}")
+        if tp is int and isinstance(value, float) and not value.is_integer():
+            # int() would cut 2.9 to 2 (and fail on inf): a YAML float is an integer only if whole
+            raise ConfigError(f"{where}: expected {what}, got {value!r}")
         try:
             return tp(value)
         except (TypeError, ValueError):
@@ -242,7 +257,22 @@ def _norwegian(value: Any) -> Any:
     return "no" if value is False else value
 
 
+def _check_keys(values: Mapping[Any, Any], where: str) -> None:
+    """Every key a string: YAML 1.1 reads an unquoted ``on``, ``off``, ``yes``, ``no``, ``true``
+    or ``false`` as a boolean and ``1`` as an integer, which name no setting (and would not
+    sort beside the other keys in the error)."""
+    for key in values:
+        if isinstance(key, bool):
+            written = "on, yes or true" if key else "off, no or false"
+            raise ConfigError(f"{where}: a key written {written} without quotes reads as the boolean {key} "
+                              f"in YAML, not as a name: quote it, e.g. '{written.split(',')[0]}'")
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: YAML reads the key {key!r} as {type(key).__name__}, not as a name: "
+                              f"quote it, e.g. '{key}'")
+
+
 def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
+    _check_keys(values, where)
     hints = typing.get_type_hints(type(base))
     fields = {f.name: f for f in dataclasses.fields(base)}
     unknown = sorted(set(values) - set(fields))
@@ -307,6 +337,7 @@ def load_settings(config_file: str | Path | None = None,
     layers.append(("options", {s: {k: v for k, v in vals.items() if v is not None}
                                for s, vals in (overrides or {}).items()}))
     for where, data in layers:
+        _check_keys(data, where)
         unknown = sorted(set(data) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"{where}: unknown section(s) {', '.join(unknown)}; "

@@ -26,6 +26,7 @@ object that has them. Evaluation data is only ever searched, never trained on.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tempfile
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 from xml.sax.saxutils import escape
 
 from vecplug import metrics
+from vecplug.config import CorpusSettings, IndexSettings, Settings
 from vecplug.errors import ConfigError, VecplugError
 from vecplug.indexer.datasets import EvalDataset, EvalQuery
 from vecplug.report import fmt, header_markdown, markdown_table, pct
@@ -114,10 +116,34 @@ class Run:
                 "rerank": self.rerank, "debias": self.debias}
 
 
-def run_label(query_encoder: str | None, rerank: str | None, debias: bool | None) -> str:
-    """A short name: the query encoder (a folder by its name), then rerank and debias if set."""
-    parts = ["default query encoder" if query_encoder is None
-             else Path(query_encoder).name if Path(query_encoder).exists() else query_encoder]
+def encoder_names(query_encoders: Iterable[str | None]) -> dict[str | None, str]:
+    """A short name for each query encoder: None is the default one, a folder is named by the
+    shortest trailing part of its path that tells it apart from the others (``runA/student``
+    and ``runB/student``, where both are ``student``), anything else (a built-in name, a hub
+    id) as given."""
+    specs = list(dict.fromkeys(query_encoders))
+    folders = {q: Path(q).resolve().parts for q in specs if q is not None and Path(q).exists()}
+    names: dict[str | None, str] = {q: "default query encoder" if q is None else q
+                                    for q in specs if q not in folders}
+    for q, parts in folders.items():
+        others = [o for other, o in folders.items() if other != q]
+        for n in range(1, len(parts) + 1):
+            name = str(Path(*parts[-n:]))
+            if name not in names.values() and all(o[-n:] != parts[-n:] for o in others):
+                break
+        else:
+            name = q  # two spellings of one folder: nothing tells them apart but the spelling
+        names[q] = name
+    return names
+
+
+def run_label(query_encoder: str | None, rerank: str | None, debias: bool | None,
+              names: Mapping[str | None, str] | None = None) -> str:
+    """A short name: the query encoder (``names[query_encoder]``, else a folder by its name),
+    then rerank and debias if set."""
+    if names is None or query_encoder not in names:
+        names = encoder_names([query_encoder])
+    parts = [names[query_encoder]]
     if rerank:
         parts.append(f"rerank {rerank}")
     if debias is not None:
@@ -135,12 +161,13 @@ def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[st
         return list(dict.fromkeys(values)) or [None]
 
     runs = []
+    names = encoder_names(unique(query_encoders))
     for mode in unique(modes) if modes else list(DEFAULT_MODES):
         for q in unique(query_encoders):
             for r in unique([None if r in (None, "", "none") else r for r in reranks]):
                 # the correction never changes a mono ranking (one language, one mean): one run
                 for d in (unique(debias) if mode != "mono" else [None]):
-                    runs.append(Run(run_label(q, r, d), q, mode, r, d))
+                    runs.append(Run(run_label(q, r, d, names), q, mode, r, d))
     return runs
 
 
@@ -402,19 +429,41 @@ class EvalReport:
         return out
 
     def write(self, out_dir: str | Path, per_query: bool = True) -> list[Path]:
-        """Write ``report.md``, ``report.json`` and ``heatmap-*.svg`` into ``out_dir``."""
+        """Write ``report.md``, ``report.json`` and ``heatmap-*.svg`` into ``out_dir`` (made if
+        missing); :class:`OutputError` when they cannot be written."""
         from vecplug.fsutil import atomic_write_bytes
 
-        folder = Path(out_dir)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = output_folder(out_dir)
         files = {"report.md": self.markdown() + "\n",
                  "report.json": json.dumps(self.to_dict(per_query), indent=2, ensure_ascii=False) + "\n",
                  **self.heatmaps()}
         written = []
         for name, text in files.items():
-            atomic_write_bytes(folder / name, text.encode("utf-8"))
+            try:
+                atomic_write_bytes(folder / name, text.encode("utf-8"))
+            except OSError as exc:
+                raise OutputError(f"cannot write the report file {folder / name}: {exc.strerror or exc}") from exc
             written.append(folder / name)
         return written
+
+
+class OutputError(VecplugError):
+    """The report cannot be written where asked (a file in the way, no permission, a full disk)."""
+
+
+def output_folder(out_dir: str | Path) -> Path:
+    """``out_dir``, made if missing and checked writable, or :class:`OutputError`. Called before
+    an evaluation too, so that a bad ``--out`` fails at once rather than after hours of it."""
+    folder = Path(out_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # a file can be made in it (gone when closed)
+            pass
+    except OSError as exc:
+        raise OutputError(f"cannot write the report into {folder}: {exc.strerror or exc}"
+                          + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(folder) else "")
+                          ) from exc
+    return folder
 
 
 def dataset_summary(dataset: EvalDataset) -> dict[str, Any]:
@@ -461,6 +510,11 @@ def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path
     published figures to print beside the results, clearly as another setting (default: LAReQA's
     for XQuAD-R, none otherwise). ``command`` is recorded in the report header (default: this
     process's command line).
+
+    Settings (:func:`index_settings`): the user's model and search settings apply (YAML,
+    ``$VECPLUG_CONFIG``, ``VECPLUG_*``), ``model`` on top; the corpus settings never (the
+    documents keep the dataset's languages); a temporary index takes the index settings from
+    the defaults too (no ``index.url`` sends the dataset to a server), an ``index_dir`` the user's.
     """
     from vecplug.api import Index, settings_for
     from vecplug.report import machine_info
@@ -482,11 +536,13 @@ def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path
     else:
         path = Path(index_dir)
     try:
-        index_info, doc_langs = _build_index(dataset, str(path), model, progress, log)
-        index_info["path"] = None if tmp is not None else str(path)
+        private = tmp is not None
+        index_info, doc_langs = _build_index(
+            dataset, index_settings(str(path), private, document=model), progress, log)
+        index_info["path"] = None if private else str(path)
 
         def open_for(query_encoder: str | None) -> SearchIndex:
-            return Index.open(settings_for(str(path), model={"document": model, "query": query_encoder}))
+            return Index.open(index_settings(str(path), private, document=model, query=query_encoder))
 
         results = score_runs(dataset, runs, open_for, doc_langs=doc_langs, k=k,
                              rerank_depth=rerank_depth, progress=progress, log=log)
@@ -520,14 +576,32 @@ def _query_lang_detector(search_lang: str | None) -> Callable[[str], str]:
     return detect
 
 
-def _build_index(dataset: EvalDataset, path: str, model: str | None, progress: bool,
-                 log: Callable[[str], None] | None) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """Create or update the index at ``path`` so that it holds exactly the dataset's documents;
-    returns what was done and every document's language as stored."""
-    from vecplug.api import Index, settings_for
+def index_settings(path: str, private: bool, **model: str | None) -> Settings:
+    """The settings of the index an evaluation builds and searches at ``path``.
 
+    The user's settings (YAML, ``$VECPLUG_CONFIG``, ``VECPLUG_*``) give the encoders' and the
+    searches' (``model``: runtime, threads, quantisation, what is evaluated; ``search``), with
+    ``model`` (eval's flags; None values ignored) on top. The corpus section is always the
+    defaults': the dataset's documents carry their own languages, which ``corpus.lang`` would
+    overwrite. A ``private`` (temporary) index takes the index section from the defaults as
+    well, ``path`` aside, so that no store setting sends the dataset elsewhere (a Qdrant server
+    by ``index.url``); an index folder given to eval (``--index``) keeps the user's."""
+    from vecplug.api import settings_for
+
+    user = settings_for(path, model=model)
+    return dataclasses.replace(user, index=IndexSettings(path=path) if private else user.index,
+                               corpus=CorpusSettings())
+
+
+def _build_index(dataset: EvalDataset, settings: Settings, progress: bool,
+                 log: Callable[[str], None] | None) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """Create or update the index ``settings`` point at so that it holds exactly the dataset's
+    documents; returns what was done and every document's language as stored."""
+    from vecplug.api import Index
+
+    path = settings.index.path
     wanted = {d.id for d in dataset.documents}
-    with Index.open(settings_for(path, model={"document": model}), create=True) as index:
+    with Index.open(settings, create=True) as index:
         existing = set(index.store.ids())
         extra = existing - wanted
         if extra:
@@ -590,9 +664,10 @@ def render_markdown(report: EvalReport) -> str:
                f"document encoder {enc.get('document_encoder', '?')} "
                f"({str(enc.get('document_encoder_checksum', ''))[:12]})")
     seen: dict[str | None, str] = {}
+    names = encoder_names(r.run.query_encoder for r in report.results)  # as make_runs names them
     for r in report.results:
         if r.run.query_encoder not in seen and r.encoder:
-            seen[r.run.query_encoder] = (f"{run_label(r.run.query_encoder, None, None)} = "
+            seen[r.run.query_encoder] = (f"{names[r.run.query_encoder]} = "
                                          f"{r.encoder.get('query_encoder', '?')} "
                                          f"({str(r.encoder.get('query_encoder_checksum', ''))[:12]}"
                                          + (f", {r.encoder['query_quantize']} weights"
