@@ -129,12 +129,22 @@ class LanguageMeans:
 def exact_scores(store: Any, means: LanguageMeans | None, vector: np.ndarray,
                  query_lang: str | None, hits: Sequence[StoreHit]) -> np.ndarray:
     """Exact scores of the candidates' stored vectors for a query vector: plain cosine, or
-    (``means`` given) centred cosine, the query centred by its language's mean."""
+    (``means`` given) centred cosine, the query centred by its language's mean.
+
+    NaN for a candidate whose vector is gone: a commit since it was found (a writer's, that
+    a reader follows) removed it."""
     if hits and all(h.vector is not None for h in hits):  # the first stage had them at hand
         vecs = np.stack([np.asarray(h.vector, dtype=np.float32) for h in hits])
-    else:
-        vecs = store.vectors([h.record.id for h in hits])
-    return _scores(means, vector, query_lang, vecs, [h.record.lang for h in hits])
+        return _scores(means, vector, query_lang, vecs, [h.record.lang for h in hits])
+    found = store.vectors_found([h.record.id for h in hits if h.vector is None])
+    vecs_of = [h.vector if h.vector is not None else found.get(h.record.id) for h in hits]
+    kept = [i for i, v in enumerate(vecs_of) if v is not None]
+    scores = np.full(len(hits), np.nan, dtype=np.float32)
+    if kept:
+        scores[kept] = _scores(means, vector, query_lang,
+                               np.stack([np.asarray(vecs_of[i], dtype=np.float32) for i in kept]),
+                               [hits[i].record.lang for i in kept])
+    return scores
 
 
 def _scores(means: LanguageMeans | None, vector: np.ndarray, query_lang: str | None,
@@ -148,11 +158,11 @@ def _scores(means: LanguageMeans | None, vector: np.ndarray, query_lang: str | N
 
 def rescore(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: str | None,
             hits: Sequence[StoreHit]) -> list[StoreHit]:
-    """Candidates with exact centred scores, best first."""
+    """Candidates with exact centred scores, best first; those removed meanwhile dropped."""
     if not hits:
         return []
     scores = exact_scores(store, means, vector, query_lang, hits)
-    order = np.argsort(-scores, kind="stable")
+    order = [i for i in np.argsort(-scores, kind="stable") if not np.isnan(scores[i])]
     return [StoreHit(hits[i].record, float(scores[i]), hits[i].vector) for i in order]
 
 

@@ -6,6 +6,9 @@
   boost added to their score (``search.prefer_boost``, default 0.05 in cosine units): an
   answer in the user's language wins unless another language's is clearly better.
 
+A query whose language is unknown (None, or ``und``: the detector's answer for short or unclear
+text) has no language to prefer: ``prefer`` then ranks as ``xy`` (``mono`` refuses it).
+
 Any mode but ``mono`` can be limited to chosen target languages (``search.langs``). With the
 language-bias correction on (:mod:`vecplug.adapters.bias`), ``xy`` and ``prefer`` score by
 centred cosine; ``mono`` is unaffected (inside one language the mean is a constant shift).
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vecplug.adapters.bias import LanguageMeans, centred_search, rescore
+from vecplug.adapters.bias import UND, LanguageMeans, centred_search, rescore
 from vecplug.adapters.stores.base import StoreHit, search
 from vecplug.errors import ConfigError
 
@@ -27,11 +30,18 @@ MODES = {
 }
 
 
+def _known(query_lang: str | None) -> str | None:
+    """The query's language, None when it is unknown (``und`` included): a language to prefer
+    or to keep to. ``und`` also tags the documents of unknown language, which a query of
+    unknown language has no reason to rank up."""
+    return None if not query_lang or query_lang == UND else query_lang
+
+
 def target_languages(mode: str, query_lang: str | None,
                      langs: Sequence[str] | None = None) -> list[str] | None:
     """Languages a query may be answered in under ``mode`` (None: all)."""
     if mode == "mono":
-        if not query_lang or query_lang == "und":
+        if not _known(query_lang):
             raise ConfigError("mono mode needs the query's language and it could not be detected; "
                               "give it with --lang")
         return [query_lang]
@@ -59,7 +69,7 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
         hits = centred_search(store, means, vector, query_lang, depth, every, ef)
     else:
         hits = search(store, vector, depth, pool, ef)  # type: ignore[arg-type]
-    if mode == "prefer" and query_lang and (pool is None or query_lang in pool):
+    if mode == "prefer" and _known(query_lang) and (pool is None or query_lang in pool):
         seen = {h.record.id for h in hits}
         query = means.centre_query(vector, query_lang) if means is not None else vector
         extra = [h for h in search(store, query, depth, [query_lang], ef)  # type: ignore[arg-type]
@@ -71,7 +81,9 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
 
 
 def apply_preference(hits: Sequence[StoreHit], query_lang: str | None, boost: float) -> list[StoreHit]:
-    """``prefer``: documents in the query's language get ``boost`` added; re-sorted, best first."""
-    boosted = [StoreHit(h.record, h.score + boost, h.vector) if query_lang and h.record.lang == query_lang else h
+    """``prefer``: documents in the query's language get ``boost`` added; re-sorted, best first
+    (a query of unknown language boosts none)."""
+    lang = _known(query_lang)
+    boosted = [StoreHit(h.record, h.score + boost, h.vector) if lang and h.record.lang == lang else h
                for h in hits]
     return sorted(boosted, key=lambda h: -h.score)

@@ -93,6 +93,39 @@ def test_prefer_ranks_the_query_language_up(store) -> None:
     assert "en" in {h.record.lang for h in cands}
 
 
+@pytest.mark.parametrize("name", ["hnswlib", "qdrant-server"])
+def test_prefer_has_nothing_to_prefer_for_a_query_of_unknown_language(tmp_path: Path, name: str) -> None:
+    """``und`` (the detector's answer for short or unclear text) is no language to rank up: a
+    query in it ranks under ``prefer`` as under ``xy``, on every store, whatever the documents
+    of unknown language are stored as."""
+    def unit(*v: float) -> np.ndarray:
+        return (np.asarray(v, dtype=np.float32) / np.linalg.norm(v)).astype(np.float32)
+
+    q = unit(1, 0, 0, 0)
+    records = [Record("fr", "", "a.txt", 0, "fr"), Record("und", "", "b.txt", 0, "und"),
+               Record("none", "", "c.txt", 0, None)]
+    vecs = np.stack([unit(1, 0.1, 0, 0), unit(1, 0.3, 0, 0), unit(1, 0.35, 0, 0)])
+    if name == "hnswlib":
+        store = get_store_class("hnswlib").create(str(tmp_path / "idx"), 4, {"dim": 4}, {})
+    else:
+        client = pytest.importorskip("qdrant_client").QdrantClient(":memory:")
+        store = get_store_class("qdrant").create("client://", 4, {"dim": 4}, {"client": client, "collection": "c"})
+    try:
+        store.upsert(records, vecs)
+        store.commit()
+        stats = LanguageStats(4)
+        stats.add([r.lang for r in records], vecs)
+        for means in (None, stats.means()):
+            xy = first_stage(store, q, "und", "xy", 6, means=means)
+            for lang in ("und", None):
+                prefer = apply_preference(first_stage(store, q, lang, "prefer", 6, means=means), lang, 0.5)
+                assert [(h.record.id, h.score) for h in prefer] == [(h.record.id, h.score) for h in xy]
+        hits = [StoreHit(Record("a", "", "", 0, "fr"), 0.8), StoreHit(Record("b", "", "", 0, "und"), 0.7)]
+        assert apply_preference(hits, "und", 0.5) == hits
+    finally:
+        store.close()
+
+
 def test_shrinkage_keeps_a_lone_document() -> None:
     stats = LanguageStats(2)
     stats.add(["en"] * 4 + ["xx"], np.asarray([[1, 0]] * 4 + [[0, 1]], dtype=np.float32))

@@ -334,6 +334,42 @@ def test_teacher_rescores_with_the_document_encoder(tiny_model: Path, other_tiny
         store.close()
 
 
+def test_teacher_drops_candidates_removed_while_it_reranks(tmp_path: Path) -> None:
+    """A writer commits a delete while a reader's search reranks: the removed candidates are
+    dropped (their vectors are gone), the others reranked; never a KeyError."""
+    from conftest import FakeEncoder
+    from vecplug.adapters.rerank.teacher import TeacherReranker
+    from vecplug.api import Index
+    from vecplug.config import load_settings
+
+    encoder = FakeEncoder(16)
+    texts = [f"hund katze {i}" for i in range(5)]
+    records = [Record(f"d{i}", t, "s", 0, "de" if i % 2 else "en") for i, t in enumerate(texts)]
+    vectors = encoder.encode_documents(texts)
+    cls = get_store_class("hnswlib")
+    writer = cls.create(str(tmp_path / "idx"), 16, {"dim": 16}, {})
+    writer.upsert(records, vectors)
+    writer.commit()
+    reader = Index(load_settings(), cls.open(str(tmp_path / "idx"), {}), writable=False)
+
+    class Teacher:  # the teacher's encoder: the writer commits while it runs
+        def encode(self, texts: list[str], prefix: str, max_length: int, progress: bool = False) -> np.ndarray:
+            writer.delete(["d1", "d2"])
+            writer.commit()
+            return encoder.encode_documents(texts)
+
+    encoder.document, encoder.query_prefix, encoder.query_max_length = Teacher(), "", 64
+    encoder.query = None  # loaded by the search before its clock starts: nothing to load
+    reader._encoder, reader._detector = encoder, object()  # the query's language is given
+    try:
+        got = reader.search("hund katze", k=5, lang="de", rerank=TeacherReranker())
+        assert sorted(h.id for h in got) == ["d0", "d3", "d4"]
+        assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
+    finally:
+        reader.close()
+        writer.close()
+
+
 # -- field attention ----------------------------------------------------------------------
 
 def test_field_attention_by_hand() -> None:

@@ -359,3 +359,157 @@ def test_qdrant_unreachable_server_is_named(monkeypatch: pytest.MonkeyPatch) -> 
         for thread in set(threading.enumerate()) - before:  # the client checks versions in a thread
             thread.join(timeout=10)
     assert [str(w.message) for w in shown] == []  # the error alone, no client warning with it
+
+
+def test_undetermined_language_reads_as_none(target: tuple[type, str, dict[str, Any]]) -> None:
+    """A record of unknown language, stored without one or tagged ``und`` (the language
+    detector's word for it), reads back with ``lang`` None from every store, and is counted and
+    filtered as ``und``."""
+    vecs = unit_vectors(4, DIM, seed=11)
+    recs = [Record("tagged", "t", "a.txt", 0, "und"), Record("untagged", "u", "b.txt", 0, None),
+            Record("de", "d", "c.txt", 0, "de"), Record("en", "e", "d.txt", 0, "en")]
+    cls, location, options = target
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    try:
+        store.upsert(recs, vecs)
+        store.commit()
+        assert [r.lang for r in store.get(["tagged", "untagged"])] == [None, None]
+        assert store.languages() == {"und": 2, "de": 1, "en": 1}
+        for langs in (None, ["und"]):
+            hits = {h.record.id: h.record.lang for h in store.search(vecs[0], 4, langs)}
+            assert hits["tagged"] is None and hits["untagged"] is None
+        und = store.candidates(vecs[0], 4, ["und"])
+        assert {h.record.id: h.record.lang for h in store.hits(und)} == {"tagged": None, "untagged": None}
+    finally:
+        store.close()
+
+
+def _reader(target: tuple[type, str, dict[str, Any]], tmp_path: Path) -> Any:
+    """A second, read-only store on the index of ``target`` (embedded Qdrant: a private copy,
+    the writer has the shard)."""
+    cls, location, options = target
+    if location.startswith("http"):
+        return cls.open(location, options)  # the same client: another reader of the collection
+    extra = {"snapshot_dir": str(tmp_path / "copies")} if cls.name == "qdrant" else {}
+    return cls.open(location, {**options, **extra})
+
+
+def _until(check: Any, reader: Any, timeout: float = 30) -> None:
+    """Read until ``check()`` holds: an embedded Qdrant reader copies a new commit in the background."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the reader did not follow the writer"
+        reader.count()
+        time.sleep(0.02)
+
+
+def test_commit_token_follows_the_writer(target: tuple[type, str, dict[str, Any]], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit token changes at every commit the store moves to, its own and, for a reader,
+    a writer's (one of new vectors or of the manifest alone), and the manifest read after it is
+    that commit's: what a reader caches from the manifest (the language means) follows."""
+    from vecplug.adapters.stores import qdrant
+
+    monkeypatch.setattr(qdrant, "SERVER_FOLLOW", 0.0)  # a server reader looks at every read
+    vecs = unit_vectors(20, DIM, seed=12)
+    with committed(target, vecs[:10]) as writer:
+        reader = _reader(target, tmp_path)
+        try:
+            seen = reader.commit_token()
+            assert reader.commit_token() == seen  # nothing committed: the same token
+            mine = writer.commit_token()
+            writer.upsert(records(10, start=10), vecs[10:])
+            writer.commit({"note": "vectors"})
+            assert writer.commit_token() != mine
+            # the manifest moves by itself (hnswlib), or at the reads of a Qdrant reader
+            _until(lambda: reader.manifest_value("note") == "vectors", reader)
+            assert reader.commit_token() != seen and reader.manifest["note"] == "vectors"
+            assert reader.count() == 20
+            seen, mine = reader.commit_token(), writer.commit_token()
+            writer.commit({"note": "manifest alone"})
+            assert writer.commit_token() != mine
+            _until(lambda: reader.commit_token() != seen, reader)
+            assert reader.manifest_value("note") == "manifest alone"
+        finally:
+            reader.close()
+
+
+def test_vectors_of_removed_documents_are_left_out(target: tuple[type, str, dict[str, Any]],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids found by an earlier read may be gone at the next (a commit removed them): reading
+    their vectors leaves them out (``vectors_found``, the default two-step search, the exact
+    rescoring of a second stage), where ``vectors`` insists (KeyError)."""
+    from vecplug.adapters.bias import exact_scores
+    from vecplug.adapters.stores.base import VectorStore
+
+    vecs = unit_vectors(30, DIM, seed=13)
+    recs = records(30)
+    with committed(target, vecs) as store:
+        store.delete([recs[4].id])
+        store.commit()
+        found = store.vectors_found([recs[3].id, recs[4].id, "never", recs[5].id, recs[3].id])
+        assert list(found) == [recs[3].id, recs[5].id]
+        np.testing.assert_allclose(np.stack(list(found.values())), vecs[[3, 5]], atol=1e-5)
+        assert store.vectors_found([]) == {} and store.vectors_found([recs[4].id]) == {}
+        with pytest.raises(KeyError):
+            store.vectors([recs[3].id, recs[4].id])
+
+        hits = [dataclasses.replace(h, vector=None) for h in store.search(vecs[6], 5)]
+        store.delete([hits[1].record.id])
+        store.commit()
+        scores = exact_scores(store, None, vecs[6], None, hits)
+        assert np.isnan(scores[1]) and np.isfinite(np.delete(scores, 1)).all()
+        assert scores[0] == pytest.approx(1.0, abs=1e-5)
+
+        search = store.search
+
+        def search_then_remove(*args: Any, **kwargs: Any) -> list[Any]:
+            got = search(*args, **kwargs)
+            store.delete([got[0].record.id])
+            store.commit()
+            return [dataclasses.replace(h, vector=None) for h in got]
+
+        monkeypatch.setattr(store, "search", search_then_remove)
+        cands = VectorStore.candidates(store, vecs[7], 4)  # the default, which Qdrant keeps
+        assert len(cands) == 3 and recs[7].id not in {c.key.record.id for c in cands}
+
+
+def test_hnswlib_failed_commit_puts_back_the_last_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that fails (here: the new graph file comes out short, as on a full disk)
+    leaves the last commit in SQLite and, loaded again, in the graph: reads through the same
+    handle answer from it in full; writes are refused. When the graph cannot be loaded again
+    either, reads refuse with a StorageError rather than answer from the dropped changes."""
+    from vecplug.adapters.stores import hnsw
+    from vecplug.errors import StorageError
+
+    check = hnsw.check_graph_file
+    vecs = unit_vectors(12, DIM, seed=14)
+    recs = records(12)
+    de = [r.id for r in recs if r.lang == "de"]
+    with committed((get_store_class("hnswlib"), str(tmp_path / "idx"), {}), vecs) as store:
+        before = [h.record.id for h in store.search(vecs[1], 12)]
+        store.delete([recs[1].id])
+        store.upsert(records(2, start=50), unit_vectors(2, DIM, seed=15))
+        monkeypatch.setattr(hnsw, "check_graph_file",  # only the graph being written is short
+                            lambda path, dim: "short write" if path.name.startswith(".") else check(path, dim))
+        with pytest.raises(StorageError, match="writing the graph failed"):
+            store.commit()
+        assert store.count() == 12
+        assert [h.record.id for h in store.search(vecs[1], 12)] == before
+        assert sorted(h.record.id for h in store.search(vecs[1], 12, ["de"])) == sorted(de)
+        np.testing.assert_allclose(store.vectors([recs[1].id]), vecs[[1]], atol=1e-6)
+        assert list(store.vectors_found([recs[1].id, "doc/50.txt#0"])) == [recs[1].id]
+        with pytest.raises(StorageError, match="reopen"):
+            store.upsert(records(1, start=60), unit_vectors(1, DIM))
+
+        monkeypatch.setattr(hnsw, "check_graph_file", lambda path, dim: "short write")
+        store._broken = False  # noqa: SLF001 - a second failed commit, whose graph cannot come back
+        store.delete([recs[2].id])
+        with pytest.raises(StorageError):
+            store.commit()
+        for read in (lambda: store.search(vecs[1], 3), lambda: store.search(vecs[1], 3, ["de"]),
+                     lambda: store.vectors([recs[3].id]), lambda: store.candidates(vecs[1], 3)):
+            with pytest.raises(StorageError, match="could not be loaded again.*reopen the index"):
+                read()

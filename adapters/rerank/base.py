@@ -37,7 +37,8 @@ class RerankContext:
     :class:`~vecplug.adapters.stores.base.VectorStore`; ``score_vectors(query_vector,
     candidates, query_lang)`` returns the exact first-stage scores of the candidates' stored
     vectors for a query vector, with the index's language-bias correction applied when it is
-    on, so that a reranker which re-embeds the query scores in the same geometry.
+    on, so that a reranker which re-embeds the query scores in the same geometry; NaN for a
+    candidate that a commit removed since the first stage found it (its vector is gone).
     """
 
     encoder: Any
@@ -55,7 +56,7 @@ class Reranker(ABC):
     def rerank(self, queries: Sequence[Query], candidates: Sequence[Sequence[StoreHit]],
                context: RerankContext) -> list[list[StoreHit]]:
         """For each query, its candidates with new scores, best first (same records, any subset
-        order; none added or dropped)."""
+        order; none added, and none dropped but those removed from the index meanwhile)."""
 
     def warm_up(self, context: RerankContext) -> None:
         """Load models ahead of the first query (so that timings measure searching only)."""

@@ -47,7 +47,10 @@ class TeacherReranker(Reranker):
         out: list[list[StoreHit]] = [list(c) for c in candidates]
         for row, i in enumerate(todo):
             scores = np.asarray(context.score_vectors(vectors[row], candidates[i], queries[i].lang))
-            out[i] = order_by_scores(candidates[i], scores.reshape(-1))
+            scores = scores.reshape(-1)
+            # NaN: the candidate's vector is gone (a commit removed it since the first stage)
+            kept = [j for j in range(len(scores)) if not np.isnan(scores[j])]
+            out[i] = order_by_scores([candidates[i][j] for j in kept], scores[kept])
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from vecplug.errors import StorageError
 from vecplug.types import Document
 
 
@@ -59,6 +60,8 @@ class Candidate:
 #: and never short of results. A filtered walk found 58% of the exact top 10 for one language
 #: of 100k vectors in embedded Qdrant (benchmarks/ann_scale.py); exact search: 100%.
 EXACT_FILTER_LIMIT = 20_000
+#: rounds :meth:`VectorStore.vectors_found` reads again without finding an id fewer
+_FIND_ROUNDS = 3
 
 
 def row_dots(rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
@@ -128,6 +131,18 @@ class VectorStore(ABC):
         whole manifest, which holds the language statistics: the search path reads a flag."""
         return self.manifest.get(key, default)
 
+    def commit_token(self) -> Any:
+        """A value that changes whenever the commit this store reads from does: at its own
+        commits, and for a reader at the commits of a writer that it follows (equal values:
+        the same :attr:`manifest`). What a caller derives from the manifest and keeps (the
+        language-bias correction's means) is rebuilt when it changes. A reader first moves to
+        the newest commit it follows, as a search would, so that the manifest read next is
+        that commit's (or a newer one).
+
+        This default is the manifest itself: always right, for a copy of it at every call;
+        stores override it with something cheap (a generation, a counter)."""
+        return self.manifest
+
     @property
     @abstractmethod
     def dim(self) -> int:
@@ -157,11 +172,17 @@ class VectorStore(ABC):
         candidate with its stored vector, :meth:`hits` then reads the kept ones' records.
         Stores override it to skip reading records here (hnswlib: 3 ms of a corrected search);
         this default searches and carries the hits along. A commit between the two steps may
-        drop a kept candidate that it removed."""
+        drop a kept candidate that it removed, and one between the search and the read of the
+        vectors drops the hits whose vector is gone."""
         hits = search(self, vector, k, langs, ef)
         missing = [h.record.id for h in hits if h.vector is None]
-        vecs = dict(zip(missing, self.vectors(missing))) if missing else {}
-        return [Candidate(h, h.record.lang, h.score, vecs.get(h.record.id, h.vector)) for h in hits]
+        vecs = self.vectors_found(missing) if missing else {}
+        out = []
+        for h in hits:
+            vec = h.vector if h.vector is not None else vecs.get(h.record.id)
+            if vec is not None:
+                out.append(Candidate(h, h.record.lang, h.score, vec))
+        return out
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
                                 ef: int | None = None) -> list[Candidate]:
@@ -175,7 +196,8 @@ class VectorStore(ABC):
         return out
 
     def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
-        """Candidates of :meth:`candidates` as hits, in the order and with the scores given."""
+        """Candidates of :meth:`candidates` as hits, in the order and with the scores given; a
+        store that reads their records here leaves out those a commit removed since."""
         return [StoreHit(c.key.record, c.score, c.vector) for c in candidates]
 
     @abstractmethod
@@ -184,7 +206,31 @@ class VectorStore(ABC):
 
     @abstractmethod
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        """The stored vectors of ``ids`` as an (n, dim) array, in the order asked; every id must exist."""
+        """The stored vectors of ``ids`` as an (n, dim) array, in the order asked; every id must
+        exist (KeyError naming one that does not)."""
+
+    def vectors_found(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of those of ``ids`` that exist, by id (never a KeyError).
+
+        For a caller that found the ids in an earlier read (a search, then a rescoring): a
+        commit in between, its own or a writer's that a reader follows, may have removed some,
+        and those are left out. This default asks :meth:`vectors`, and when an id is gone asks
+        again for the ids :meth:`get` still finds; stores override it with one read."""
+        ids = list(dict.fromkeys(ids))
+        stuck = 0
+        while ids:
+            try:
+                return dict(zip(ids, self.vectors(ids)))
+            except KeyError:
+                present = [r.id for r in self.get(ids)]
+                # each round follows a commit that removed some; none removed, the store's
+                # records and vectors disagree for a moment (an id removed and added again)
+                stuck = stuck + 1 if len(present) == len(ids) else 0
+                if stuck == _FIND_ROUNDS:
+                    raise StorageError(f"the vectors of {len(ids)} documents could not be read: "
+                                       "the index kept changing; try again") from None
+                ids = present
+        return {}
 
     @abstractmethod
     def ids(self) -> Iterator[str]:

@@ -154,6 +154,8 @@ class HnswStore(VectorStore):
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
         self._broken = False  # a commit failed: no more writes through this handle
+        # a failed commit could not put the last commit's graph back (why): reads refuse
+        self._graph_lost: str | None = None
         # per language set: labels, and their vectors as columns or (too many) a set of labels
         self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
 
@@ -384,10 +386,21 @@ class HnswStore(VectorStore):
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self._meta["manifest"]))
+        with self._mutex:
+            self._refresh()  # a reader's manifest is the last commit's, as its searches are
+            return json.loads(json.dumps(self._meta["manifest"]))
 
     def manifest_value(self, key: str, default: Any = None) -> Any:
-        return copy.deepcopy(self._meta["manifest"].get(key, default))
+        with self._mutex:
+            self._refresh()
+            return copy.deepcopy(self._meta["manifest"].get(key, default))
+
+    def commit_token(self) -> tuple[int, str | None]:
+        """The generation and checksum of the commit record read from: a commit of new
+        vectors changes both, one of the manifest alone the checksum. Costs a one-row query."""
+        with self._mutex:
+            self._refresh()
+            return int(self._meta["generation"]), self._meta.get("checksum")
 
     @property
     def dim(self) -> int:
@@ -411,22 +424,56 @@ class HnswStore(VectorStore):
                 payload = json.loads(r[6])
             except ValueError as exc:  # only reachable for rows written before checksums
                 raise CorruptIndexError(f"{self.folder / DB_NAME}: record {r[1]!r}: {exc}") from exc
-            out.append((r[0], Record(r[1], r[2], r[3], r[4], r[5], payload)))
+            # "und" is how the language detector says "undetermined": a record reads it as
+            # None, as one stored without a language does (and as the Qdrant store reads both)
+            lang = None if r[5] == "und" else r[5]
+            out.append((r[0], Record(r[1], r[2], r[3], r[4], lang, payload)))
         return out
 
     def _refresh(self) -> None:
-        """A reader follows the writer: when a new generation was committed, load it."""
+        """A reader follows the writer: when a new commit was made, read its record, and load
+        its graph when it wrote a new generation (a commit of the manifest alone keeps the
+        graph). Under the mutex."""
         if self._writable or self._db is None:
             return
-        rows = self._sql("SELECT value FROM meta WHERE key = 'generation'")
-        if rows and json.loads(rows[0][0]) != self._meta["generation"]:
-            try:
-                meta, index = self._load_current(self.folder, self._db)
-            except sqlite3.Error as exc:
-                raise _sqlite_error(exc, self.folder / DB_NAME) from exc
-            self._meta, self._index = meta, index
-            self._next_label = int(meta["next_label"])
-            self._filter_cache.clear()
+        rows = {key: json.loads(value) for key, value in
+                self._sql("SELECT key, value FROM meta WHERE key IN ('generation', 'checksum')")}
+        if not rows or (rows.get("generation") == self._meta["generation"]
+                        and rows.get("checksum") == self._meta.get("checksum")):
+            return
+        try:
+            meta = self._read_meta(self._db, self.folder / DB_NAME)
+            if meta["generation"] == self._meta["generation"]:  # same records, same graph file
+                self._meta = meta
+                return
+            meta, index = self._load_current(self.folder, self._db)
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc, self.folder / DB_NAME) from exc
+        self._meta, self._index = meta, index
+        self._next_label = int(meta["next_label"])
+        self._filter_cache.clear()
+
+    def _follow(self) -> None:
+        """Before reading the graph, under the mutex: a reader moves to the last commit
+        (:meth:`_refresh`); a writer whose failed commit could not load the last commit's
+        graph again refuses, rather than answer from the changes it dropped."""
+        if self._graph_lost is not None:
+            raise StorageError(f"a commit to {self.folder} failed and the last commit's graph could "
+                               f"not be loaded again ({self._graph_lost}): reopen the index")
+        self._refresh()
+
+    def _labels(self, ids: Sequence[str]) -> dict[str, int]:
+        """The labels of those of ``ids`` that the graph in memory has, by id. Under the mutex,
+        after :meth:`_follow`. SQLite answers from the last commit, which a reader's graph may
+        not have loaded yet: a record it added has a label past the graph's (labels are never
+        reused) and counts as absent here."""
+        labels: dict[str, int] = {}
+        for i in range(0, len(ids), 500):
+            part = list(ids[i:i + 500])
+            marks = ",".join("?" * len(part))
+            labels.update(self._sql(f"SELECT id, label FROM records WHERE id IN ({marks}) AND label < ?",
+                                    [*part, self._next_label]))
+        return labels
 
     def get(self, ids: Sequence[str]) -> list[Record]:
         found: dict[str, Record] = {}
@@ -438,18 +485,23 @@ class HnswStore(VectorStore):
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
         with self._mutex:
-            self._refresh()
-            by_id: dict[str, int] = {}
-            for i in range(0, len(ids), 500):
-                part = list(ids[i:i + 500])
-                marks = ",".join("?" * len(part))
-                by_id.update(self._sql(f"SELECT id, label FROM records WHERE id IN ({marks})", part))
+            self._follow()
+            by_id = self._labels(ids)
             missing = [rid for rid in ids if rid not in by_id]
             if missing:
                 raise KeyError(missing[0])
             if not ids:
                 return np.zeros((0, self.dim), dtype=np.float32)
             return _items(self._index, [by_id[rid] for rid in ids])
+
+    def vectors_found(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        with self._mutex:
+            self._follow()
+            by_id = self._labels(ids)
+            found = [rid for rid in dict.fromkeys(ids) if rid in by_id]
+            if not found:
+                return {}
+            return dict(zip(found, _items(self._index, [by_id[rid] for rid in found])))
 
     def ids(self) -> Iterator[str]:
         for (rid,) in self._sql("SELECT id FROM records ORDER BY label"):
@@ -528,7 +580,7 @@ class HnswStore(VectorStore):
         if row.shape[1] != self.dim:
             raise ModelMismatchError(f"query vector has dimension {row.shape[1]}, "
                                      f"the index at {self.folder} has {self.dim}")
-        self._refresh()
+        self._follow()
         return None if self._index is None else row
 
     def _nearest(self, vector: np.ndarray, k: int, langs: Sequence[str] | None,
@@ -605,9 +657,10 @@ class HnswStore(VectorStore):
         the graph.
         """
         marks = ",".join("?" * len(langs))
+        # labels past the graph's: records of a commit this reader has not loaded (see _labels)
         labels = np.asarray([r[0] for r in self._sql(
-            f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks})", list(langs))],
-            dtype=np.int64)
+            f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks}) AND label < ?",
+            [*langs, self._next_label])], dtype=np.int64)
         if len(labels) > EXACT_FILTER_LIMIT:
             return labels, frozenset(labels.tolist())
         return labels, np.ascontiguousarray(_items(self._index, labels.tolist()).T)
@@ -744,7 +797,11 @@ class HnswStore(VectorStore):
     def _abandon(self, written: Path | None) -> None:
         """After a failed commit: drop what was staged (SQLite may have rolled back already) and
         refuse further writes, which would otherwise land outside any transaction. The graph
-        file it wrote is nobody's (the next writer would remove it too)."""
+        file it wrote is nobody's (the next writer would remove it too).
+
+        The graph in memory holds the staged changes too (deleted labels marked, new ones
+        added): the last commit's is loaded again, so that reads through this handle answer
+        from the records SQLite kept. If that fails, reads refuse (:meth:`_follow`)."""
         self._broken = True
         try:
             if self._db is not None and self._db.in_transaction:
@@ -753,3 +810,11 @@ class HnswStore(VectorStore):
             pass
         if written is not None and written.name != self._meta.get("hnsw_file"):
             written.unlink(missing_ok=True)
+        self._filter_cache.clear()
+        self._dirty = False
+        self._next_label = int(self._meta["next_label"])
+        try:
+            self._index = self._load_graph(self.folder, self._meta) if self._meta["hnsw_file"] else None
+        except Exception as exc:  # noqa: BLE001 - the commit's own error is the one to raise
+            self._index = None
+            self._graph_lost = str(exc) or type(exc).__name__

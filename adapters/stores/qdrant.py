@@ -21,7 +21,9 @@ mode (``QdrantClient(path=...)``), measured with 0.9 vs 1.20, 10k x 384 vectors,
 Server mode: writes go straight to the collection (``wait=True``), so this store sees them at
 once and :meth:`QdrantStore.commit` only replaces the manifest. A server cannot apply a batch
 atomically across points: a client that dies mid-run leaves the writes it made (part of a
-batch, writes after the last commit) in the collection, under the previous manifest.
+batch, writes after the last commit) in the collection, under the previous manifest. A reader
+sees points as they are written, and reads the manifest again (a round trip carrying the
+language statistics) at most every :data:`SERVER_FOLLOW` seconds.
 
 Embedded mode keeps the base contract (an index opens as exactly some committed state) with a
 redo log. Upserts and deletes are staged in memory (at most one commit's worth: the indexing
@@ -181,6 +183,9 @@ from vecplug.fsutil import atomic_write_bytes, storage_error
 
 __all__ = ["QdrantStore", "REDO"]
 META_KEY = "vecplug"
+#: seconds between two reads of a server collection's manifest by a reader (it follows a
+#: writer's commits, the language statistics of the bias correction with them)
+SERVER_FOLLOW = 1.0
 _T = TypeVar("_T")
 
 
@@ -354,6 +359,8 @@ class QdrantStore(VectorStore):
         self._meta = meta  # {"format": FORMAT, "dim": int, "manifest": dict}
         self._dim = int(meta["dim"])
         self._writable = writable
+        self._moves = 0  # times _meta moved to another commit: the commit token
+        self._looked = time.monotonic()  # when a server reader last read the manifest
 
     @staticmethod
     def _backend(location: str, options: dict[str, Any]) -> _Server | _Edge:
@@ -421,14 +428,31 @@ class QdrantStore(VectorStore):
             raise VecplugError("the qdrant store was opened read-only")
         return self._b
 
+    def commit_token(self) -> int:
+        """Counts the commits this store moved to: its own, a reader's copy following a
+        writer's, a server reader's new manifest (read at most every :data:`SERVER_FOLLOW`
+        seconds)."""
+        self._reader()
+        return self._moves
+
     def _reader(self) -> _Server | _Edge:
         """The backend, for a read: a reader on a copy first moves to the newest commit, and
-        the manifest with it (the next read after a commit sees it, as hnswlib readers do)."""
+        the manifest with it (the next read after a commit sees it, as hnswlib readers do); a
+        reader of a server reads the manifest again when it last did over
+        :data:`SERVER_FOLLOW` seconds ago (its points it sees as they are written)."""
         b = self._live()
+        meta = None
         if isinstance(b, _Edge):
             meta = b.follow()
-            if meta is not None:
-                self._meta = meta
+        elif not self._writable and time.monotonic() - self._looked >= SERVER_FOLLOW:
+            self._looked = time.monotonic()
+            meta = b.meta()  # None: the collection is gone or not ours now; keep what we had
+            if meta is not None and (meta == self._meta or not isinstance(meta.get("manifest"), dict)
+                                     or meta.get("dim") != self._dim):
+                meta = None  # the same commit, or one this store cannot serve
+        if meta is not None:
+            self._meta = meta
+            self._moves += 1
         return b
 
     def upsert(self, records: Sequence[Record], vectors: np.ndarray) -> None:
@@ -467,14 +491,23 @@ class QdrantStore(VectorStore):
         return [found[i] for i in ids if i in found]
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        b, found = self._reader(), {}
-        uniq = list(dict.fromkeys(ids))
-        for a in range(0, len(uniq), 1000):
-            found.update(b.retrieve_vectors([_point_id(i) for i in uniq[a:a + 1000]]))
+        found = self._retrieve_vectors(ids)
         missing = [i for i in ids if i not in found]
         if missing:
             raise KeyError(missing[0])
         return np.asarray([_dense(found[i]) for i in ids], dtype=np.float32).reshape(len(ids), self._dim)
+
+    def vectors_found(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        found = self._retrieve_vectors(ids)
+        return {i: np.asarray(_dense(found[i]), dtype=np.float32) for i in dict.fromkeys(ids) if i in found}
+
+    def _retrieve_vectors(self, ids: Sequence[str]) -> dict[str, Any]:
+        """The stored vectors of those of ``ids`` that exist, by id, as the backend gives them."""
+        b, found = self._reader(), {}
+        uniq = list(dict.fromkeys(ids))
+        for a in range(0, len(uniq), 1000):
+            found.update(b.retrieve_vectors([_point_id(i) for i in uniq[a:a + 1000]]))
+        return found
 
     def ids(self) -> Iterator[str]:
         return self._reader().scroll_ids()
@@ -505,6 +538,7 @@ class QdrantStore(VectorStore):
             # next open finishes the commit: either way no committed state is lost
             raise storage_error(exc, f"cannot commit to {b.where}") from exc
         self._meta = meta
+        self._moves += 1
 
     def close(self) -> None:
         if self._b is not None:
