@@ -289,5 +289,6 @@ def _with_lang(doc: Document, lang: str | None) -> Document:
 
 
 def _unchanged(old: Any, doc: Document) -> bool:
-    return (old is not None and old.text == doc.text and old.lang == doc.lang
+    # a store reads an undetermined language back as None, where the detector says "und"
+    return (old is not None and old.text == doc.text and (old.lang or "und") == (doc.lang or "und")
             and old.payload == doc.payload and old.source == doc.source)

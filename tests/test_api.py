@@ -182,6 +182,56 @@ def test_a_moved_folder_is_still_the_index_s_own(tmp_path: Path, tiny_model: Pat
         assert index.manifest["source_root"] == str(moved.resolve())
 
 
+def test_a_part_or_a_copy_of_the_first_folder_never_prunes_the_rest(tmp_path: Path, tiny_model: Path) -> None:
+    """One file or subfolder of the first folder given alone updates its own documents there
+    (not a second copy under its absolute path); a copy of the folder beside it is another
+    folder, not the first one moved: before, both were taken for a move and pruned the rest."""
+    import shutil
+
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    for name in ("a.md", "b.txt", "sub/c.txt", "sub/d.txt"):
+        (docs / name).write_text(f"a note called {name} about rivers and mountains")
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(docs, settings=settings):
+        pass
+    everything = ["a.md#0", "b.txt#0", "sub/c.txt#0", "sub/d.txt#0"]
+    (docs / "a.md").write_text("a note rewritten about the sea")
+    with vecplug.create_index(docs / "a.md", settings=settings) as index:
+        assert (index.report.documents, index.report.removed) == (1, 0)
+        assert sorted(index.store.ids()) == everything
+        assert index.store.get(["a.md#0"])[0].text.endswith("about the sea")
+        assert index.manifest["source_root"] == str(docs.resolve())
+    (docs / "sub" / "d.txt").unlink()
+    with vecplug.create_index(docs / "sub", settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (0, 1, 1)
+        assert sorted(index.store.ids()) == everything[:3]
+    copy = Path(shutil.copytree(docs, tmp_path / "copy"))
+    (copy / "b.txt").unlink()
+    with vecplug.create_index(copy, settings=settings) as index:
+        assert index.report.removed == 0
+        assert sorted(index.store.ids()) == sorted(everything[:3] + [f"{copy.resolve()}/{i}"
+                                                                     for i in ("a.md#0", "sub/c.txt#0")])
+        assert index.manifest["source_root"] == str(docs.resolve())
+
+
+def test_a_folder_whose_path_is_not_utf8_is_refused_before_an_index_is_made(tmp_path: Path,
+                                                                             tiny_model: Path) -> None:
+    """Its path names it in the manifest (and another folder's document ids): a clear error up
+    front, not a UnicodeEncodeError at the commit."""
+    import os
+
+    folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9"))
+    folder.mkdir()
+    (folder / "a.txt").write_text("water boils at one hundred degrees")
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with pytest.raises(vecplug.VecplugError, match=r"caf\\xe9: the path holds bytes that are not UTF-8"):
+        vecplug.create_index(folder, settings=settings)
+    assert not (tmp_path / "idx").exists()
+
+
 def test_a_folder_holds_the_store_it_was_made_with(tmp_path: Path, tiny_model: Path) -> None:
     """An embedded Qdrant index opens as such without --store (searching, adding), instead of
     'no index' or a new hnswlib index written over it; a folder of someone else's files is
@@ -345,3 +395,71 @@ def test_an_index_recording_a_limit_past_its_model_still_opens(tmp_path: Path, t
         vecplug.create_index(docs, settings=vecplug.load_settings(overrides={
             "index": {"path": str(tmp_path / "idx")}, "model": {"document": str(tiny_model),
                                                                  "document_max_length": 64}}))
+
+
+@pytest.mark.parametrize("kind", ["hnswlib", "qdrant-embedded", "qdrant-server"])
+def test_a_long_lived_reader_follows_the_writer_s_languages(tmp_path: Path, kind: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that searched once (its bias correction's means read) still finds the
+    documents of a language that a writer commits afterwards: the means follow the commits
+    (a search service, QdrantSearcher, an embedded Qdrant reader's copy)."""
+    import time
+
+    from conftest import FakeEncoder
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import Record, get_store_class, qdrant
+    from vecplug.api import Index
+
+    monkeypatch.setattr(qdrant, "SERVER_FOLLOW", 0.0)  # a server reader looks at every search
+    encoder = FakeEncoder(16)
+    encoder.query = None  # nothing to load before a search
+    location, options = str(tmp_path / "idx"), {}
+    if kind != "hnswlib":
+        pytest.importorskip("qdrant_edge" if kind == "qdrant-embedded" else "qdrant_client")
+    if kind == "qdrant-server":
+        from qdrant_client import QdrantClient
+
+        location, options = "client://", {"client": QdrantClient(":memory:"), "collection": "docs"}
+    writer = get_store_class("qdrant" if kind.startswith("qdrant") else "hnswlib").create(
+        location, 16, {**encoder.describe(), "debias": True}, options)
+    stats = LanguageStats(16)
+
+    def add(records: list[Record]) -> None:
+        vectors = encoder.encode_documents([r.text for r in records])
+        writer.upsert(records, vectors)
+        stats.add([r.lang for r in records], vectors)
+        writer.commit(stats.to_manifest())
+
+    add([Record(f"de{i}", f"hund katze {i}", "s", i, "de") for i in range(5)])
+    if kind == "qdrant-server":
+        from vecplug.adapters.integrations.qdrant import QdrantSearcher
+
+        reader = QdrantSearcher(options["client"], "docs").index
+    else:
+        read_options = {"snapshot_dir": str(tmp_path / "copies")} if kind == "qdrant-embedded" else {}
+        reader = Index(vecplug.load_settings(), writer.open(location, read_options), writable=False)
+    reader._encoder, reader._detector = encoder, object()  # the query's language is given
+    try:
+        assert reader.search("apple banana", k=3, lang="en")[0].lang == "de"
+        add([Record("fr0", "apple banana", "s", 0, "fr")])
+        deadline = time.monotonic() + 30  # an embedded Qdrant reader copies the commit in the background
+        while reader.store.count() < 6:
+            assert time.monotonic() < deadline, "the reader's store did not follow the writer"
+            time.sleep(0.02)
+        assert [h.id for h in reader.search("apple banana", k=3, lang="en", debias=False)][0] == "fr0"
+        assert [h.id for h in reader.search("apple banana", k=3, lang="en")][0] == "fr0"
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_document_of_undetermined_language_is_unchanged_on_a_second_run(tmp_path: Path, tiny_model: Path) -> None:
+    """Stores read an undetermined language back as None where the document says "und":
+    the same document again is still unchanged, not encoded again on every run."""
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    docs = [Document("x#0", "1234 5678", "x.txt", 0, "und"), Document("y#0", "water boils", "y.txt", 0, "en")]
+    with vecplug.create_index(settings=settings) as index:
+        assert index.add_documents(docs).documents == 2
+        again = index.add_documents(docs)
+        assert (again.documents, again.unchanged) == (0, 2)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 from vecplug._version import __version__
 from vecplug.config import Settings, load_settings, normalise_langs
-from vecplug.errors import IndexNotFoundError, ModelMismatchError, VecplugError
+from vecplug.errors import ConfigError, IndexNotFoundError, ModelMismatchError, VecplugError
 from vecplug.indexer.pipeline import IndexReport
 from vecplug.types import Document, Hit, lang_code
 
@@ -59,8 +60,10 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     name = name or ("qdrant" if ix.url and ix.store == "hnswlib" else ix.store)
     cls = get_store_class(name)
     if name == "hnswlib":
-        return cls, ix.path, {"M": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction,
-                              "ef_search": ix.hnsw_ef_search}
+        # only the parameters set: the store takes the others from the index's manifest (what
+        # it was built and tuned with), else its defaults; passing defaults would override those
+        given = {"M": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction, "ef_search": ix.hnsw_ef_search}
+        return cls, ix.path, {key: value for key, value in given.items() if value is not None}
     options: dict[str, Any] = {"collection": ix.collection}
     if ix.api_key:
         options["api_key"] = ix.api_key
@@ -71,6 +74,8 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
 
 #: documents of a folder compared with the index's to tell its first folder, moved
 RELOCATION_SAMPLE = 16
+#: what undecodable bytes of a file name become in a str (surrogate escapes)
+_UNDECODABLE = re.compile("[\ud800-\udfff]")
 
 
 def _blank(text: str) -> bool:
@@ -104,6 +109,7 @@ class Index:
         self._detector: Any = None
         self._stats: Any = None
         self._means: Any = None
+        self._stats_commit: Any = None  # the store's commit token when the stats were read
         self._rerankers: dict[str, Any] = {}
         self.report: IndexReport | None = None
 
@@ -247,14 +253,15 @@ class Index:
         Re-running on the same folder brings the index up to date: new and edited documents
         are encoded, unchanged ones skipped, and documents whose file is gone (or no longer
         has them) removed; files that cannot be read this time keep their last good version.
-        The first folder's documents are named by their paths inside it. Another folder given
-        to the same index is added under its absolute path (``/abs/folder/a.txt#0``), so the
-        two never replace each other, and kept up to date the same way by its own runs (a
-        file given alone: only its own documents). The first folder moved or renamed is
-        recognised by its documents (relative ids and texts the index holds) and stays the
-        first. Documents added with :meth:`add_documents` are left alone by folder runs unless their
-        source names a file of the first folder (a relative path ending in .txt, .md, .jsonl
-        or .csv).
+        The first folder's documents are named by their paths inside it; a subfolder or a file
+        of it given alone updates just its own documents there. Another folder given to the
+        same index is added under its absolute path (``/abs/folder/a.txt#0``), so the two never
+        replace each other, and kept up to date the same way by its own runs (a file given
+        alone: only its own documents). The first folder moved or renamed (gone from its old
+        path) is recognised by its documents (relative ids and texts the index holds) and stays
+        the first; a copy of it while it is still there is another folder. Documents added with
+        :meth:`add_documents` are left alone by folder runs unless their source names a file of
+        the first folder (a relative path ending in .txt, .md, .jsonl or .csv).
         """
         import os
         from dataclasses import replace
@@ -262,9 +269,7 @@ class Index:
 
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
-        root = Path(path)
-        if not root.exists():
-            raise VecplugError(f"{root} does not exist")
+        root = _corpus_root(path)
         c = self.settings.corpus
         reader = CorpusReader(root, self.encoder.document.offsets, CorpusOptions(
             chunk_tokens=c.chunk_tokens, chunk_overlap=c.chunk_overlap, embed_fields=c.embed_fields,
@@ -278,18 +283,22 @@ class Index:
             from vecplug.indexer.langid import one_language_per_file
 
             documents = one_language_per_file(documents, self.detector.detect)
+        kind = "folder" if root.is_dir() else "file"
         first = built_from == source_root or (built_from is None and self.store.count() == 0)
-        if not first and built_from is not None:
+        if (not first and built_from is not None and not os.path.lexists(built_from)
+                and kind == self.manifest.get("source_kind", "folder")):
             # the first folder moved (renamed, mounted elsewhere): its documents are here under
             # their relative ids with the same text; named by absolute path they would all be
-            # encoded again, beside the old ones
+            # encoded again, beside the old ones. Only when it is gone from where it was, and
+            # only a folder for a folder: a copy of it, or one file of it given alone, would
+            # match as well, and taken for the first folder would prune the rest of it
             head = list(islice(documents, RELOCATION_SAMPLE))
             documents = chain(head, documents)
             held = {r.id: r for r in self.store.get([d.id for d in head])}
             same = sum(1 for d in head if d.id in held and held[d.id].text == d.text)
             first = same > 0 and 2 * same >= len(head)
         if first:
-            manifest["source_root"] = source_root
+            manifest["source_root"], manifest["source_kind"] = source_root, kind
 
             def owns(record: Any) -> bool:  # a file of this folder, not another's or the API's
                 return not os.path.isabs(record.source) and Path(record.source).suffix.lower() in SUFFIXES
@@ -300,21 +309,34 @@ class Index:
             def keep() -> set[str]:
                 return set(reader.unread)
         else:
-            folder = root.is_dir()  # once: owns runs for every record a prune reads
-            space = source_root if folder else str(Path(source_root).parent)
-            documents = (replace(d, id=f"{space}/{d.id}", source=f"{space}/{d.source}")
-                         for d in documents)
+            folder = kind == "folder"  # once: owns runs for every record a prune reads
+            base = source_root if folder else str(Path(source_root).parent)
+            # a part of the first folder (a subfolder or file of it given alone) is named as the
+            # first folder names it, so its run updates those documents; anything else by its
+            # absolute path, so two folders never replace each other's documents
+            inside = (built_from is not None and self.manifest.get("source_kind", "folder") == "folder"
+                      and Path(source_root).is_relative_to(built_from) and os.path.isdir(built_from))
+            space = os.path.relpath(base, built_from) if inside else base
+            scope = os.path.relpath(source_root, built_from) if inside else source_root
+
+            def named(label: str) -> str:
+                return label if space == "." else f"{space}/{label}"
+
+            documents = (replace(d, id=named(d.id), source=named(d.source)) for d in documents)
             # a folder owns what lies under it; a file given alone, only its own documents
-            mine = source_root + "/" if folder else source_root
+            mine = scope + "/" if folder else scope
 
             def owns(record: Any) -> bool:
-                return record.source.startswith(mine) if folder else record.source == mine
+                if not folder:
+                    return record.source == mine
+                return record.source.startswith(mine) and (
+                    not inside or Path(record.source).suffix.lower() in SUFFIXES)  # not the API's
 
             def may_own(rid: str) -> bool:
                 return rid.startswith(mine)
 
             def keep() -> set[str]:
-                return {space if u == "." else f"{space}/{u}" for u in reader.unread}
+                return {scope if u == "." else named(u) for u in reader.unread}
         report = self._add(documents, lang=lang, progress=progress, prune=True, manifest=manifest,
                            keep_sources=keep, owns=owns, may_own=may_own)
         report.files = reader.files
@@ -376,11 +398,15 @@ class Index:
         # language codes as the index keeps them: " de , FR" means de and fr
         target = list(normalise_langs(target_langs if target_langs is not None else s.langs)) or None
         debias = self.debias_for(debias)
-        ef = ef or s.ef
+        # "is None", not "or": 0 is a value to refuse, as the settings refuse it, not "unset"
+        ef = s.ef if ef is None else ef
         if ef is not None and ef < 1:
-            raise VecplugError(f"ef must be at least 1, not {ef}")
+            raise ConfigError(f"ef must be at least 1, not {ef}")
+        rerank_depth = s.rerank_depth if rerank_depth is None else rerank_depth
+        if rerank_depth < 1:
+            raise ConfigError(f"rerank_depth must be at least 1, not {rerank_depth}")
         reranker = self._reranker(rerank if rerank is not None else s.rerank)
-        depth = max(k, rerank_depth or s.rerank_depth) if reranker is not None else k
+        depth = max(k, rerank_depth) if reranker is not None else k
         if mode == "prefer":
             depth = max(depth, 2 * k)  # room for the boost to reorder
         encoder, detector = self.encoder, self.detector
@@ -467,7 +493,12 @@ class Index:
         return self._stats
 
     def language_means(self) -> Any:
-        """The per-language mean vectors the language-bias correction removes."""
+        """The per-language mean vectors the language-bias correction removes, as of the
+        store's current commit: a reader follows a writer's (new languages with them)."""
+        token = self.store.commit_token()  # before the manifest is read: a later commit rebuilds
+        if token != self._stats_commit:
+            self._stats = self._means = None
+            self._stats_commit = token
         if self._means is None:
             self._means = self.language_stats.means()
         return self._means
@@ -572,11 +603,25 @@ def open_index(path: str | None = None, *, settings: Settings | None = None,
     return Index.open(settings or settings_for(path), writable=writable)
 
 
+def _corpus_root(path: str | Path) -> Path:
+    """``path`` as a corpus to index, or a VecplugError: it must exist, and its absolute path
+    must be text (it is recorded in the manifest, and names another folder's documents)."""
+    root = Path(path)
+    if not root.exists():
+        raise VecplugError(f"{root} does not exist")
+    if _UNDECODABLE.search(str(root.resolve())):
+        from vecplug.indexer.corpus import shown
+
+        raise VecplugError(f"{shown(str(root.resolve()))}: the path holds bytes that are not UTF-8; "
+                           "rename the folder (or a folder above it) to index it")
+    return root
+
+
 def create_index(corpus: str | Path | None = None, *, path: str | None = None,
                  settings: Settings | None = None, progress: bool = False) -> Index:
     """Open or create an index for writing; with ``corpus``, index that folder into it."""
-    if corpus is not None and not Path(corpus).exists():
-        raise VecplugError(f"{corpus} does not exist")  # before an empty index is made
+    if corpus is not None:
+        _corpus_root(corpus)  # refused before an empty index is made
     index = Index.open(settings or settings_for(path), create=True)
     if corpus is not None:
         try:
