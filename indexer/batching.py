@@ -23,8 +23,12 @@ batches (easy negatives), built from examples set aside before the hard batches 
 and shuffled in among them.
 
 Duplicates: two examples with the same anchor or positive text (after
-:func:`~vecplug.indexer.train_data.normalise`) in one batch make false negatives. A pool is
-cut into ``ceil(len / batch_size)`` batches, filled in order by one greedy first-fit pass: an
+:func:`~vecplug.indexer.train_data.normalise`) in one batch make false negatives, and so does
+an example whose hard negative is the anchor or a positive of another (every row's negatives
+are columns for every row; BM25 mining picks other examples' positives), as
+sentence-transformers' ``NoDuplicatesBatchSampler`` counts negatives too. Two examples that
+only share a negative do not clash. (The losses mask whatever is left.) A pool is cut into
+``ceil(len / batch_size)`` batches, filled in order by one greedy first-fit pass: an
 example sharing a text with the batch being filled goes to the next open batch without that
 text (among the next 32; a new one is started while fewer than ``ceil(len / batch_size)``
 exist), and only when none is free of it does it go in with its duplicate; then such an
@@ -51,17 +55,32 @@ COMPOSITIONS = ("xy", "mono", "xx", "random")
 SCHEDULES = ("sequential", "random", "proportional")
 
 
-def _keys(example: Example) -> frozenset[str]:
-    return frozenset(normalise(t) for t in (example.anchor, *example.positives))
+def _keys(example: Example) -> tuple[frozenset[str], frozenset[str]]:
+    """``(marks, probes)``: two examples clash when one's probes meet the other's marks.
+
+    Marks are the example's own texts (anchor, positives) as ``+text`` and its negatives as
+    ``-text``; probes are its own texts as both and its negatives as ``+text``. So own meets
+    own, own meets negative, negative meets own, and negative never meets negative: a plain
+    set test against the union of a batch's marks, and it is symmetric.
+    """
+    own = {normalise(t) for t in (example.anchor, *example.positives)}
+    negatives = {normalise(t) for t in example.negatives} - own
+    marks = frozenset({"+" + t for t in own} | {"-" + t for t in negatives})
+    probes = frozenset({"+" + t for t in own | negatives} | {"-" + t for t in own})
+    return marks, probes
 
 
 #: how many open batches an example may try before it goes in with a duplicate
 _LOOKAHEAD = 32
 
 
-def _fill(order: Sequence[int], size: int, keys: Sequence[frozenset[str]]) -> list[list[int]]:
+Keys = Sequence[tuple[frozenset[str], frozenset[str]]]
+
+
+def _fill(order: Sequence[int], size: int, keys: Keys) -> list[list[int]]:
     """Cut ``order`` into ``ceil(len / size)`` batches of at most ``size``, keeping examples
-    that share a text apart where a cheap first-fit can (see the module docstring)."""
+    that clash (see :func:`_keys`) apart where a cheap first-fit can (see the module
+    docstring)."""
     most = math.ceil(len(order) / size)
     batches: list[list[int]] = []
     seen: list[set[str]] = []
@@ -71,7 +90,7 @@ def _fill(order: Sequence[int], size: int, keys: Sequence[frozenset[str]]) -> li
             first += 1
         target = None
         for b in range(first, min(len(batches), first + _LOOKAHEAD)):
-            if len(batches[b]) < size and seen[b].isdisjoint(keys[i]):
+            if len(batches[b]) < size and seen[b].isdisjoint(keys[i][1]):
                 target = b
                 break
         if target is None:
@@ -82,23 +101,24 @@ def _fill(order: Sequence[int], size: int, keys: Sequence[frozenset[str]]) -> li
             else:  # every open batch holds a duplicate: best effort ends here
                 target = next(b for b in range(first, len(batches)) if len(batches[b]) < size)
         batches[target].append(i)
-        seen[target] |= keys[i]
+        seen[target] |= keys[i][0]
     _swap_duplicates(batches, keys)
     _no_single(batches, size, keys)
     return batches
 
 
-def _swap_duplicates(batches: list[list[int]], keys: Sequence[frozenset[str]]) -> None:
+def _swap_duplicates(batches: list[list[int]], keys: Keys) -> None:
     """Repair what the first-fit left (duplicates near the end of a pool): swap an example
     that has a duplicate in its batch with one of another batch (among the next
     :data:`_LOOKAHEAD`) when neither then has a duplicate. Costs nothing without duplicates."""
-    counts = [Counter(k for i in b for k in keys[i]) for b in batches]
+    counts = [Counter(k for i in b for k in keys[i][0]) for b in batches]
 
-    def clashes(x: int, i: int) -> bool:
-        return any(counts[x][k] > 1 for k in keys[i])
+    def clashes(x: int, i: int) -> bool:  # i's own marks do not count against it
+        marks, probes = keys[i]
+        return any(counts[x][k] - (k in marks) > 0 for k in probes)
 
     def fits(x: int, i: int, out: int) -> bool:  # i would have no duplicate in x without out
-        return all(counts[x][k] - (k in keys[out]) == 0 for k in keys[i])
+        return all(counts[x][k] - (k in keys[out][0]) == 0 for k in keys[i][1])
 
     for x, batch in enumerate(batches):
         for pos in range(len(batch)):
@@ -112,35 +132,35 @@ def _swap_duplicates(batches: list[list[int]], keys: Sequence[frozenset[str]]) -
                 if j_pos is not None:
                     j = batches[y][j_pos]
                     batch[pos], batches[y][j_pos] = j, i
-                    counts[x].subtract(keys[i])
-                    counts[x].update(keys[j])
-                    counts[y].subtract(keys[j])
-                    counts[y].update(keys[i])
+                    counts[x].subtract(keys[i][0])
+                    counts[x].update(keys[j][0])
+                    counts[y].subtract(keys[j][0])
+                    counts[y].update(keys[i][0])
                     break
 
 
-def _no_single(batches: list[list[int]], size: int, keys: Sequence[frozenset[str]]) -> None:
+def _no_single(batches: list[list[int]], size: int, keys: Keys) -> None:
     """Avoid batches of one (no in-batch negative): join one to another batch with room, or
     take over an example of a batch of three or more; for ``size`` < 3 join one to a full
     batch (one over ``size``). Only moves that bring no duplicate together."""
-    def texts(batch: list[int]) -> set[str]:
-        return set().union(*(keys[i] for i in batch))
+    def marks(batch: list[int]) -> set[str]:
+        return set().union(*(keys[i][0] for i in batch))
 
     for single in [b for b in batches if len(b) == 1]:
         if len(single) != 1:
             continue  # got a partner meanwhile
         (i,) = single
         others = [b for b in batches if b is not single and b]
-        room = next((b for b in others if len(b) < size and texts(b).isdisjoint(keys[i])), None)
+        room = next((b for b in others if len(b) < size and marks(b).isdisjoint(keys[i][1])), None)
         if room is None and size < 3:
-            room = next((b for b in others if texts(b).isdisjoint(keys[i])), None)
+            room = next((b for b in others if marks(b).isdisjoint(keys[i][1])), None)
         if room is not None:
             room.append(i)
             single.clear()
             continue
         for b in others:
             if len(b) >= 3:
-                j = next((j for j in reversed(b) if keys[j].isdisjoint(keys[i])), None)
+                j = next((j for j in reversed(b) if keys[j][1].isdisjoint(keys[i][0])), None)
                 if j is not None:
                     b.remove(j)
                     single.append(j)

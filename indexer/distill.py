@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.errors import ModelMismatchError, VecplugError
+from vecplug.types import Problem
 
 WORK = ".distill-work"
 #: training texts whose activations rank the feed-forward neurons (``ffn_width``)
@@ -86,16 +87,15 @@ class DistillReport:
 
 # -- training data ---------------------------------------------------------------------
 
-def tatoeba_pairs(folder: Path) -> list[tuple[str, str, str]]:
-    """(language, sentence, English source) for every line-aligned Tatoeba pair."""
-    from vecplug.indexer.train_data import tatoeba_files
+def tatoeba_pairs(folder: Path, problems: list[Problem] | None = None) -> list[tuple[str, str, str]]:
+    """(language, sentence, English source) for every line-aligned Tatoeba pair: the pairs
+    ``vecplug train`` reads (:func:`~vecplug.indexer.train_data.tatoeba_lines`). Undecodable
+    lines and files of different lengths are appended to ``problems`` (path and line) when
+    it is given, and skipped."""
+    from vecplug.indexer.train_data import tatoeba_files, tatoeba_lines
 
-    pairs = []
-    for lang, other, eng in tatoeba_files(folder):
-        xs = other.read_text(encoding="utf-8").splitlines()
-        es = eng.read_text(encoding="utf-8").splitlines()
-        pairs += [(lang, x.strip(), e.strip()) for x, e in zip(xs, es) if x.strip() and e.strip()]
-    return pairs
+    return [(lang, x, e) for lang, other, eng in tatoeba_files(folder)
+            for _, x, e in tatoeba_lines(other, eng, problems)]
 
 
 def user_texts(spec: str) -> list[str]:
@@ -114,13 +114,15 @@ def user_texts(spec: str) -> list[str]:
     return out
 
 
-def build_examples(config: DistillConfig) -> tuple[list[str], list[str], dict[str, Any]]:
-    """Student inputs and teacher target texts, aligned; plus a record of the data used."""
+def build_examples(config: DistillConfig,
+                   problems: list[Problem] | None = None) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Student inputs and teacher target texts, aligned; plus a record of the data used.
+    Bad Tatoeba lines are appended to ``problems`` (when given) and skipped."""
     rng = random.Random(config.seed)
     examples: list[tuple[str, str]] = []
     record: dict[str, Any] = {}
     if config.tatoeba:
-        pairs = tatoeba_pairs(Path(config.tatoeba))
+        pairs = tatoeba_pairs(Path(config.tatoeba), problems)
         rng.shuffle(pairs)
         # each pair gives up to three examples; keep the texts under max_texts
         pairs = pairs[: max(1, config.max_texts // 2)]
@@ -196,7 +198,14 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     full = int(getattr(teacher.model.config, "intermediate_size", 0))
     if config.ffn_width is not None and not 1 <= config.ffn_width <= full:  # before any work
         raise VecplugError(f"--ffn-width must be between 1 and the teacher's {full}, not {config.ffn_width}")
-    inputs, targets, data_record = build_examples(config)
+    problems: list[Problem] = []
+    inputs, targets, data_record = build_examples(config, problems)
+    for p in problems[:20]:
+        log(f"skipped {p}")
+    if len(problems) > 20:
+        log(f"... and {len(problems) - 20} more problems in {config.tatoeba}")
+    if problems:
+        data_record["problems"] = len(problems)
     work = out.parent / f"{out.name}{WORK}"
     work.mkdir(parents=True, exist_ok=True)
     key = _fingerprint(config, inputs, targets, teacher.info.checksum)

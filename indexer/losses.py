@@ -9,7 +9,8 @@ Bi-encoder (``model="bi"``):
 
 * ``ranking`` - in-batch negatives ranking (MultipleNegativesRanking / InfoNCE) on scaled
   cosine, with hard negatives, the LaBSE additive margin, a symmetric variant and masking of
-  rows that share a positive (translation data repeats the same English sentence).
+  rows that share a positive (translation data repeats the same English sentence), of padded
+  hard negatives and of hard negatives that are a row's own positive.
 * ``triplet`` - the triplet loss with batch negatives of the Microsoft "unbiased sentence
   encoder" recipe, with batch-all, batch-hard and semi-hard selection.
 * ``cosine_bce`` - the same recipe's NLI task: binary cross-entropy of max(0, cos).
@@ -77,11 +78,52 @@ def _row_vector(x: torch.Tensor, batch: int, what: str) -> torch.Tensor:
     return x
 
 
+def _ids(ids: torch.Tensor | None, batch: int, what: str, device: torch.device) -> torch.Tensor:
+    """The rows' question ids; without any, every row is its own question."""
+    if ids is None:
+        return torch.arange(batch, device=device)
+    return _row_vector(ids, batch, what)
+
+
+def _same_id(ids: torch.Tensor) -> torch.Tensor:
+    """(B, B): True where column j is another row of row i's question (not a negative)."""
+    eye = torch.eye(len(ids), dtype=torch.bool, device=ids.device)
+    return (ids[:, None] == ids[None, :]) & ~eye
+
+
+def _negative_columns(negatives: torch.Tensor | None, negative_mask: torch.Tensor | None,
+                      negative_ids: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
+    """(B, B, H) bool: True where hard negative h of row j is a negative for row i.
+
+    False for padding (``negative_mask`` False: a row with fewer negatives than the batch's
+    most) and where the negative's text is a positive (or the anchor) of row i's question
+    (``negative_ids`` equal to row i's id: mined negatives are other rows' positives). None
+    when every hard negative counts for every row.
+    """
+    if negatives is None:
+        if negative_mask is not None or negative_ids is not None:
+            raise LossInputError("negative_mask and negative_ids need hard negatives")
+        return None
+    batch, h = negatives.shape[:2]
+    cols = torch.ones(batch, batch, h, dtype=torch.bool, device=negatives.device)
+    if negative_mask is not None:
+        if negative_mask.shape != (batch, h):
+            raise LossInputError(f"negative_mask must be ({batch}, {h}), got {tuple(negative_mask.shape)}")
+        cols &= negative_mask.to(torch.bool)[None, :, :]
+    if negative_ids is not None:
+        if negative_ids.shape != (batch, h):
+            raise LossInputError(f"negative_ids must be ({batch}, {h}), got {tuple(negative_ids.shape)}")
+        cols &= negative_ids[None, :, :] != ids[:, None, None]
+    return cols if negative_mask is not None or negative_ids is not None else None
+
+
 def _in_batch_ce(anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None,
-                 scale: float, margin: float, same_id: torch.Tensor | None) -> torch.Tensor:
+                 scale: float, margin: float, same_id: torch.Tensor | None,
+                 negative_columns: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-entropy of row i against column i over [positives | every row's negatives].
 
-    Inputs are unit vectors; ``same_id`` (B, B) marks columns that are not negatives of a row.
+    Inputs are unit vectors; ``same_id`` (B, B) marks columns that are not negatives of a row,
+    ``negative_columns`` (B, B, H) the hard negatives that are (see :func:`_negative_columns`).
     """
     batch = anchors.shape[0]
     cos = anchors @ positives.T
@@ -93,7 +135,10 @@ def _in_batch_ce(anchors: torch.Tensor, positives: torch.Tensor, negatives: torc
     if negatives is not None:
         # every row's negatives are extra columns for every row (sentence-transformers MNRL)
         flat = negatives.reshape(-1, negatives.shape[-1])
-        logits = torch.cat([logits, (anchors @ flat.T) * scale], dim=1)
+        extra = (anchors @ flat.T) * scale
+        if negative_columns is not None:
+            extra = extra.masked_fill(~negative_columns.reshape(batch, -1), float("-inf"))
+        logits = torch.cat([logits, extra], dim=1)
     target = torch.arange(batch, device=anchors.device)
     return F.cross_entropy(logits, target)
 
@@ -155,7 +200,8 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
 
 def ranking_loss(anchors: torch.Tensor, positives: torch.Tensor, hard_negatives: torch.Tensor | None = None,
                  *, scale: float = 20.0, margin: float = 0.0, symmetric: bool = False,
-                 positive_ids: torch.Tensor | None = None) -> torch.Tensor:
+                 positive_ids: torch.Tensor | None = None, negative_mask: torch.Tensor | None = None,
+                 negative_ids: torch.Tensor | None = None) -> torch.Tensor:
     """In-batch negatives ranking loss (MultipleNegativesRanking / InfoNCE) on scaled cosine.
 
     Row i must rank its positive above every other row's positive and above every row's hard
@@ -174,6 +220,13 @@ def ranking_loss(anchors: torch.Tensor, positives: torch.Tensor, hard_negatives:
         positive_ids: optional (B,) ints; rows whose positives share an id are not negatives
             of each other (their cross entries are masked out), e.g. several translations of
             the same English sentence in one batch.
+        negative_mask: optional (B, H) bool, True for real hard negatives: rows with fewer
+            negatives than the batch's most are padded, and a padded column is no row's
+            negative.
+        negative_ids: optional (B, H) ints: the id (as in ``positive_ids``; without those,
+            the row number) of the rows whose positive (or anchor) the hard negative's text
+            is, -1 for none; it is not a negative for those rows (a mined negative is often
+            another row's positive).
     """
     _check_pair(anchors, positives)
     scale = _VALIDATORS["scale"](scale)
@@ -183,12 +236,9 @@ def ranking_loss(anchors: torch.Tensor, positives: torch.Tensor, hard_negatives:
     negatives = _negatives_3d(hard_negatives, batch, dim, "hard_negatives")
     a, p = _unit(anchors), _unit(positives)
     n = _unit(negatives) if negatives is not None else None
-    same_id = None
-    if positive_ids is not None:
-        ids = _row_vector(positive_ids, batch, "positive_ids")
-        eye = torch.eye(batch, dtype=torch.bool, device=ids.device)
-        same_id = (ids[:, None] == ids[None, :]) & ~eye
-    loss = _in_batch_ce(a, p, n, scale, margin, same_id)
+    ids = _ids(positive_ids, batch, "positive_ids", anchors.device)
+    same_id = _same_id(ids) if positive_ids is not None else None
+    loss = _in_batch_ce(a, p, n, scale, margin, same_id, _negative_columns(n, negative_mask, negative_ids, ids))
     if symmetric:
         # positive -> anchor: the mask is symmetric, so the same one serves
         loss = (loss + _in_batch_ce(p, a, None, scale, margin, same_id)) / 2
@@ -206,12 +256,15 @@ def _distances(x: torch.Tensor, y: torch.Tensor, distance: str) -> torch.Tensor:
 
 def triplet_loss(anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None = None,
                  *, strategy: str = "batch_all", distance: str = "cosine", margin: float = 0.5,
-                 labels: torch.Tensor | None = None) -> torch.Tensor:
+                 labels: torch.Tensor | None = None, negative_mask: torch.Tensor | None = None,
+                 negative_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Triplet loss with batch negatives (the Microsoft "unbiased sentence encoder" recipe).
 
     The candidate negatives of row i are the positives of the other rows (minus those whose
-    ``labels`` value equals row i's, when labels are given) plus ``negatives[i]``. Each
-    triplet costs ``max(0, d(a, p) - d(a, n) + margin)``.
+    ``labels`` value equals row i's, when labels are given) plus ``negatives[i]`` (minus
+    padding, where ``negative_mask`` (B, H) is False, and those whose ``negative_ids`` (B, H)
+    equals row i's label: a text that is a positive of row i's question; see
+    :func:`ranking_loss`). Each triplet costs ``max(0, d(a, p) - d(a, n) + margin)``.
 
     Distances: ``cosine`` (1 - cos), ``l2`` (Euclidean) and ``l1`` (Manhattan); l2 and l1 use
     the vectors as given (pass unit vectors for a scale-free margin).
@@ -238,13 +291,15 @@ def triplet_loss(anchors: torch.Tensor, positives: torch.Tensor, negatives: torc
 
     d_ap = _distances(anchors, positives, distance)                                 # (B,)
     d_an = _distances(anchors[:, None, :], positives[None, :, :], distance)         # (B, B)
-    valid = ~torch.eye(batch, dtype=torch.bool, device=anchors.device)
-    if labels is not None:
-        lab = _row_vector(labels, batch, "labels")
-        valid &= lab[:, None] != lab[None, :]
+    lab = _ids(labels, batch, "labels", anchors.device)
+    valid = ~_same_id(lab) & ~torch.eye(batch, dtype=torch.bool, device=anchors.device)
+    own = _negative_columns(extra, negative_mask, negative_ids, lab)
     if extra is not None:
         d_an = torch.cat([d_an, _distances(anchors[:, None, :], extra, distance)], dim=1)
-        valid = torch.cat([valid, torch.ones(extra.shape[:2], dtype=torch.bool, device=valid.device)], dim=1)
+        # row i's own negatives only: the diagonal (i, i, :) of the (B, B, H) columns
+        own_valid = (own[torch.arange(batch), torch.arange(batch)] if own is not None
+                     else torch.ones(extra.shape[:2], dtype=torch.bool, device=valid.device))
+        valid = torch.cat([valid, own_valid], dim=1)
 
     if strategy == "batch_all":
         losses = F.relu(d_ap[:, None] - d_an + margin)[valid]
@@ -276,6 +331,8 @@ def label_rule(loss: str, options: Mapping[str, Any]) -> tuple[Callable[[float],
     if loss == "smooth_ordinal":
         top = len(options.get("thresholds", DEFAULT_THRESHOLDS))
         return (lambda g: g == int(g) and 0 <= g <= top), f"whole grades 0..{top} with {top} thresholds"
+    if loss == "pointwise_bce":  # soft labels are fine, but a probability is in [0, 1]
+        return (lambda g: 0 <= g <= 1), "labels in [0, 1]"
     return None
 
 
@@ -354,19 +411,26 @@ def smooth_ordinal_loss(a: torch.Tensor, b: torch.Tensor, grades: torch.Tensor, 
 
 
 def simcse_loss(anchors: torch.Tensor, positives: torch.Tensor, hard_negatives: torch.Tensor | None = None,
-                *, temperature: float = 0.05) -> torch.Tensor:
+                *, temperature: float = 0.05, positive_ids: torch.Tensor | None = None,
+                negative_mask: torch.Tensor | None = None,
+                negative_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Supervised SimCSE (Gao et al. 2021): InfoNCE over ``cos / temperature``.
 
     Anchors (premises), positives (entailments, (B, d)) and optional hard negatives
     (contradictions, (B, d) or (B, H, d)); row i's columns are every positive of the batch and
-    every hard negative of the batch, its own positive being the target.
+    every hard negative of the batch, its own positive being the target. ``positive_ids``,
+    ``negative_mask`` and ``negative_ids`` mask the columns that are not negatives of a row,
+    as in :func:`ranking_loss` (a repeated premise or entailment in one batch).
     """
     _check_pair(anchors, positives)
     temperature = _VALIDATORS["temperature"](temperature)
     batch, dim = anchors.shape
     negatives = _negatives_3d(hard_negatives, batch, dim, "hard_negatives")
     n = _unit(negatives) if negatives is not None else None
-    return _in_batch_ce(_unit(anchors), _unit(positives), n, 1.0 / temperature, 0.0, None)
+    ids = _ids(positive_ids, batch, "positive_ids", anchors.device)
+    same_id = _same_id(ids) if positive_ids is not None else None
+    return _in_batch_ce(_unit(anchors), _unit(positives), n, 1.0 / temperature, 0.0, same_id,
+                        _negative_columns(n, negative_mask, negative_ids, ids))
 
 
 # -- cross-encoder losses -------------------------------------------------------------

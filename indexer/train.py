@@ -183,19 +183,21 @@ def load_tasks(config: TrainConfig, problems: list[Problem], log: Callable[[str]
         path = Path(task.data).expanduser()
         if not path.exists():
             raise ConfigError(f"task '{name}': {path} does not exist")
+        found: list[Problem] = []
         if task.format == "tatoeba":
             examples = train_data.load_tatoeba(path, max_pairs=task.max_examples, seed=config.seed,
-                                               langs=list(task.langs) or None)
+                                               langs=list(task.langs) or None, problems=found)
         else:
-            found: list[Problem] = []
             examples = train_data.load_examples(path, task.format, problems=found, fields=dict(task.fields) or None,
                                                 max_examples=task.max_examples, seed=config.seed)
             examples = _labels_the_loss_takes(examples, task, found)
-            problems += found
-            for p in found[:20]:
-                log(f"skipped {p}")
-            if len(found) > 20:
-                log(f"... and {len(found) - 20} more problems in {path}")
+        problems += found
+        for p in found[:20]:
+            log(f"skipped {p}")
+        if len(found) > 20:
+            log(f"... and {len(found) - 20} more problems in {path}")
+        # a query with several positives trains on each of them, not on its first only
+        examples = train_data.one_row_per_positive(examples)
         train, held = train_data.split_held_out(examples, config.eval.held_out, config.seed)
         record = _data_record(task) | {"examples": len(train), "held_out": len(held)}
         if task.mine is not None:

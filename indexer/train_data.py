@@ -46,7 +46,7 @@ import random
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,9 @@ class Example:
     """One training example.
 
     For "labelled" examples ``positives`` holds the one other text of the pair, relevant or
-    not: ``label`` says which (binary 0/1 or an ordinal grade).
+    not: ``label`` says which (binary 0/1 or an ordinal grade). Training takes
+    ``positives[0]`` as the positive; any others are also relevant to the anchor (see
+    :func:`one_row_per_positive`), so they are never its negatives.
     """
 
     anchor: str                       # query / first text
@@ -397,6 +399,24 @@ def _file_lines(path: Path, problems: list[Problem] | None) -> list[str | None]:
     return out
 
 
+def tatoeba_lines(other: Path, eng: Path, problems: list[Problem] | None = None) -> list[tuple[int, str, str]]:
+    """``(line, sentence, English source)`` of one line-aligned Tatoeba file pair, lines
+    paired by position (split at ``\\n`` only: a U+2028 inside a sentence does not shift the
+    pairs after it; a BOM is dropped), pairs with an empty or undecodable side skipped.
+    Undecodable lines and files of different lengths are reported in ``problems`` when it is
+    given. The one reader of Tatoeba files, for training and distillation alike."""
+    xs, es = _file_lines(other, problems), _file_lines(eng, problems)
+    if len(xs) != len(es) and problems is not None:
+        problems.append(Problem(str(other), f"{len(xs)} lines but {eng.name} has {len(es)}: "
+                                            f"lines past the shorter file are not paired"))
+    out = []
+    for lineno, (x, e) in enumerate(zip(xs, es), 1):
+        x, e = (x or "").strip(), (e or "").strip()
+        if x and e:
+            out.append((lineno, x, e))
+    return out
+
+
 def load_tatoeba(folder: str | Path, *, max_pairs: int | None = None, seed: int = 0,
                  langs: Sequence[str] | None = None,
                  problems: list[Problem] | None = None) -> list[Example]:
@@ -404,9 +424,8 @@ def load_tatoeba(folder: str | Path, *, max_pairs: int | None = None, seed: int 
     "eng"), positive its translation (``positive_lang`` the file's 3-letter code), ``where``
     the translation file and line.
 
-    The files and pairs are those of :func:`vecplug.indexer.distill.tatoeba_pairs` (lines
-    paired by position, pairs with an empty side skipped); they are read here again to keep
-    line numbers. ``langs`` picks languages (3-letter codes; unknown ones raise
+    The files and pairs are those of :func:`vecplug.indexer.distill.tatoeba_pairs` (both read
+    by :func:`tatoeba_lines`). ``langs`` picks languages (3-letter codes; unknown ones raise
     :class:`ConfigError`). ``max_pairs`` keeps a seeded sample spread over the languages in
     proportion to their pair counts (file order kept). Files of different lengths and
     undecodable lines are reported in ``problems`` when it is given.
@@ -424,16 +443,9 @@ def load_tatoeba(folder: str | Path, *, max_pairs: int | None = None, seed: int 
         files = [f for f in files if f[0] in set(langs)]
     by_lang: dict[str, list[Example]] = {}
     for lang, other, eng in files:
-        xs, es = _file_lines(other, problems), _file_lines(eng, problems)
-        if len(xs) != len(es) and problems is not None:
-            problems.append(Problem(str(other), f"{len(xs)} lines but {eng.name} has {len(es)}: "
-                                                f"lines past the shorter file are not paired"))
-        out = by_lang.setdefault(lang, [])
-        for lineno, (x, e) in enumerate(zip(xs, es), 1):
-            x, e = (x or "").strip(), (e or "").strip()
-            if x and e:
-                out.append(Example(anchor=e, positives=(x,), anchor_lang="eng", positive_lang=lang,
-                                   where=f"{other}:{lineno}"))
+        by_lang.setdefault(lang, []).extend(
+            Example(anchor=e, positives=(x,), anchor_lang="eng", positive_lang=lang, where=f"{other}:{lineno}")
+            for lineno, x, e in tatoeba_lines(other, eng, problems))
     total = sum(len(v) for v in by_lang.values())
     if not total:
         raise ConfigError(f"no Tatoeba pairs in {folder} (files tatoeba.xxx-eng.xxx and .eng)")
@@ -451,6 +463,28 @@ def load_tatoeba(folder: str | Path, *, max_pairs: int | None = None, seed: int 
     out: list[Example] = []
     for lang, v in by_lang.items():
         out += [v[i] for i in sorted(rng.sample(range(len(v)), quota[lang]))]
+    return out
+
+
+# -- one row per positive --------------------------------------------------------------------
+
+def one_row_per_positive(examples: Sequence[Example]) -> list[Example]:
+    """Each example with several positives (the ``query`` format) as one example per
+    positive, in order: that positive first, then the query's other positives (still
+    relevant: never its negatives; losses and evaluation train and rank only
+    ``positives[0]``). Examples with one positive, or a label, are kept as they are.
+
+    Every positive is trained on, each once an epoch, as sentence-transformers does with
+    (query, positive) pairs; the rows share the anchor, so batches keep them apart and the
+    losses never take one's positive for a negative of another.
+    """
+    out: list[Example] = []
+    for ex in examples:
+        if ex.label is not None or len(ex.positives) < 2:
+            out.append(ex)
+            continue
+        for k, p in enumerate(ex.positives):
+            out.append(replace(ex, positives=(p,) + ex.positives[:k] + ex.positives[k + 1:]))
     return out
 
 

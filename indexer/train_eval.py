@@ -3,21 +3,36 @@
 For each task, on the examples kept out of training:
 
 * bi-encoder, pairs: each anchor ranks every held-out positive; accuracy@1 and MRR@10 of its
-  own, and Wang & Isola's alignment (mean squared distance of positive pairs; lower is better)
-  and uniformity (log of the mean Gaussian potential between all vectors; lower is better);
+  own, the anchor's other positives left out of its ranking (an English sentence with
+  several translations: another of them ranking first is no miss), and Wang & Isola's
+  alignment (mean squared distance of positive pairs; lower is better) and uniformity (log
+  of the mean Gaussian potential between all vectors; lower is better);
 * bi-encoder, labelled pairs: mean cosine of the pairs labelled relevant minus that of the
   others (the wider the gap, the better the labels are separated);
-* cross-encoder: each anchor's positive among up to 9 other held-out positives, MRR@10.
+* cross-encoder: each anchor's positive among up to 9 other held-out positives (none of
+  them a positive of the same anchor), MRR@10.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from vecplug.indexer.train_data import normalise
+
 
 def _mrr(rank_of_own: np.ndarray, k: int = 10) -> float:
     return float(np.mean(np.where(rank_of_own < k, 1.0 / (rank_of_own + 1), 0.0)))
+
+
+def _relevant(held: Sequence[Any]) -> list[set[str]]:
+    """Per held-out example: every positive (normalised) of any example with its anchor."""
+    by_anchor: dict[str, set[str]] = defaultdict(set)
+    for e in held:
+        by_anchor[normalise(e.anchor)].update(normalise(p) for p in e.positives)
+    return [by_anchor[normalise(e.anchor)] for e in held]
 
 
 def _bi_pairs(model: Any, task: Any) -> dict[str, float]:
@@ -31,8 +46,18 @@ def _bi_pairs(model: Any, task: Any) -> dict[str, float]:
     docs = model.embed_all(texts, model.prefix(c.other_prefix))
     own = np.array([where[e.positives[0]] for e in held])
     scores = anchors @ docs.T
+    own_scores = scores[np.arange(len(held)), own].copy()
+    # the anchor's other positives are not competitors of its own
+    doc_of: dict[str, list[int]] = defaultdict(list)
+    for j, text in enumerate(texts):
+        doc_of[normalise(text)].append(j)
+    for r, relevant in enumerate(_relevant(held)):
+        for key in relevant:
+            for j in doc_of.get(key, ()):
+                if j != own[r]:
+                    scores[r, j] = -np.inf
     # rank of the own positive: how many texts score strictly higher
-    rank = (scores > scores[np.arange(len(held)), own][:, None]).sum(1)
+    rank = (scores > own_scores[:, None]).sum(1)
     import torch
 
     a, p = torch.from_numpy(anchors), torch.from_numpy(docs[own])
@@ -57,9 +82,9 @@ def _cross(model: Any, task: Any) -> dict[str, float]:
     held = task.held_out
     pool = [e.positives[0] for e in held]
     pairs, sizes = [], []
-    for i, e in enumerate(held):
+    for i, (e, relevant) in enumerate(zip(held, _relevant(held))):
         others = [pool[(i + j) % len(pool)] for j in range(1, min(10, len(pool)))]
-        others = [o for o in others if o != e.positives[0]]
+        others = [o for o in others if normalise(o) not in relevant]
         cands = [e.positives[0]] + others
         pairs += [(e.anchor, d) for d in cands]
         sizes.append(len(cands))

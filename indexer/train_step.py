@@ -7,7 +7,14 @@ negatives, then other rows' positives (in-batch negatives).
 
 Rows that share an anchor or a positive are the same question asked twice (Tatoeba has the
 same English sentence in many language files): their positives are not negatives of each
-other, so such rows get one id and the losses mask them.
+other, so such rows get one id and the losses mask them. Texts are compared after
+:func:`~vecplug.indexer.train_data.normalise`, as the batches are composed, and every
+positive of a row counts (a query with several positives), not only the one it trains on.
+
+Hard negatives: each row keeps all of its own; rows with fewer than the batch's most are
+padded, and the losses mask the padding. A hard negative whose text is the anchor or a
+positive of a row's question (BM25 mining picks other rows' positives) is not a negative for
+that row: the losses mask it for that row only.
 """
 from __future__ import annotations
 
@@ -17,12 +24,19 @@ from typing import Any
 import torch
 
 from vecplug.indexer.train_config import TaskConfig
+from vecplug.indexer.train_data import normalise
 
 LABELLED = ("cosine_bce", "smooth_ordinal")
 
 
+def _own_texts(example: Any) -> list[str]:
+    """A row's anchor and every positive, normalised: the texts that are not its negatives."""
+    return [normalise(t) for t in (example.anchor, *example.positives)]
+
+
 def same_question_ids(batch: Sequence[Any]) -> torch.Tensor:
-    """(B,) ids: rows linked by an equal anchor or an equal first positive share an id."""
+    """(B,) ids: rows linked, directly or through others, by a text among their anchors and
+    positives (all of them, after :func:`normalise`) share an id."""
     parent = list(range(len(batch)))
 
     def find(i: int) -> int:
@@ -31,10 +45,9 @@ def same_question_ids(batch: Sequence[Any]) -> torch.Tensor:
             i = parent[i]
         return i
 
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[str, int] = {}
     for i, e in enumerate(batch):
-        keys = [("a", e.anchor.strip().lower())] + [("p", p.strip().lower()) for p in e.positives[:1]]
-        for k in keys:
+        for k in _own_texts(e):
             if k in seen:
                 parent[find(i)] = find(seen[k])
             else:
@@ -42,10 +55,21 @@ def same_question_ids(batch: Sequence[Any]) -> torch.Tensor:
     return torch.tensor([find(i) for i in range(len(batch))], dtype=torch.long)
 
 
-def _negatives(batch: Sequence[Any]) -> list[list[str]]:
-    """Each row's own negatives, cut to the smallest count in the batch (a (B, H) block)."""
-    h = min(len(e.negatives) for e in batch)
-    return [list(e.negatives[:h]) for e in batch] if h else []
+def _negatives(batch: Sequence[Any], ids: torch.Tensor) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """Every row's own negatives: the texts (row by row), a (B, H) mask of the real ones (H:
+    the most any row has; the others are padded) and (B, H) ids of the question whose anchor
+    or positive each negative is (-1: none)."""
+    h = max(len(e.negatives) for e in batch)
+    question = {k: int(q) for e, q in zip(batch, ids) for k in _own_texts(e)}
+    mask = torch.zeros(len(batch), h, dtype=torch.bool)
+    negative_ids = torch.full((len(batch), h), -1, dtype=torch.long)
+    texts = []
+    for i, e in enumerate(batch):
+        mask[i, :len(e.negatives)] = True
+        for j, t in enumerate(e.negatives):
+            negative_ids[i, j] = question.get(normalise(t), -1)
+        texts += e.negatives
+    return texts, mask, negative_ids
 
 
 def _bi(model: Any, task: TaskConfig, batch: Sequence[Any], fn: Any, options: dict[str, Any]) -> torch.Tensor:
@@ -55,26 +79,33 @@ def _bi(model: Any, task: TaskConfig, batch: Sequence[Any], fn: Any, options: di
         others = model.embed([e.positives[0] for e in batch], o_prefix)
         labels = torch.tensor([float(e.label) for e in batch])
         return fn(anchors, others, labels, **options)
-    negs = _negatives(batch)
-    texts = [e.positives[0] for e in batch] + [t for row in negs for t in row]
-    vectors = model.embed(texts, o_prefix)
-    positives = vectors[:len(batch)]
-    hard = vectors[len(batch):].reshape(len(batch), len(negs[0]), -1) if negs else None
     ids = same_question_ids(batch)
-    if task.loss == "ranking":
-        return fn(anchors, positives, hard, positive_ids=ids, **options)
+    negs, mask, negative_ids = _negatives(batch, ids)
+    vectors = model.embed([e.positives[0] for e in batch] + negs, o_prefix)
+    positives = vectors[:len(batch)]
+    hard = None
+    if negs:
+        # (B, H, d) with zero rows for the padding (masked by the loss); row-major order of
+        # the mask's True entries is the order of ``negs``
+        hard = vectors.new_zeros(len(batch), mask.shape[1], vectors.shape[1])
+        hard[mask] = vectors[len(batch):]
+        options |= {"negative_mask": mask, "negative_ids": negative_ids}
     if task.loss == "triplet":
         return fn(anchors, positives, hard, labels=ids, **options)
-    return fn(anchors, positives, hard, **options)  # simcse
+    return fn(anchors, positives, hard, positive_ids=ids, **options)  # ranking, simcse
 
 
 def candidate_lists(batch: Sequence[Any], size: int) -> tuple[list[list[str]], list[list[float]]]:
-    """Per row: its positive, its own negatives, then other rows' positives that are not
-    answers to the same question; labels 1 for the positive and 0 for the rest."""
+    """Per row: its positive, its own negatives (but none that is the anchor or a positive of
+    its question), then other rows' positives that are not answers to the same question;
+    labels 1 for the positive and 0 for the rest."""
     ids = same_question_ids(batch).tolist()
+    own: dict[int, set[str]] = {}
+    for e, q in zip(batch, ids):
+        own.setdefault(q, set()).update(_own_texts(e))
     lists, labels = [], []
     for i, e in enumerate(batch):
-        cands = [e.positives[0]] + list(e.negatives)
+        cands = [e.positives[0]] + [n for n in e.negatives if normalise(n) not in own[ids[i]]]
         cands += [o.positives[0] for j, o in enumerate(batch) if j != i and ids[j] != ids[i]]
         cands = cands[:size]
         lists.append(cands)

@@ -8,7 +8,7 @@ import pytest
 
 from vecplug.errors import ConfigError
 from vecplug.indexer.batching import COMPOSITIONS, SCHEDULES, compose_batches, schedule
-from vecplug.indexer.train_data import Example
+from vecplug.indexer.train_data import Example, normalise
 
 
 def multilingual(n_per: int = 60, pairs: tuple[tuple[str, str], ...] = (("en", "de"), ("en", "fr"), ("es", "es")),
@@ -116,6 +116,20 @@ def test_duplicates_avoided() -> None:
         # 50 examples in 10 batches of 5 with 10 copies of one positive: one layout in very
         # few is free of duplicates (a plain shuffle averages ~8 clashes), the repair finds it
         assert clashes == 0, (seed, batches)
+
+
+def test_a_negative_is_kept_apart_from_the_example_whose_text_it_is() -> None:
+    # mined negatives are other examples' positives (here: each one's is the next one's, in
+    # another case and spacing): every row's negatives are columns for every row, so such
+    # examples in one batch make false negatives. A careless shuffle puts ~7 such pairs together
+    n = 40
+    examples = [Example(f"q{i}", (f"answer {i}",), (f"ANSWER  {(i + 1) % n}",)) for i in range(n)]
+    for seed in range(5):
+        batches = compose_batches(examples, 8, seed=seed)
+        assert_partition(batches, n)
+        for b in batches:
+            positives = {normalise(examples[i].positives[0]) for i in b}
+            assert not any(normalise(examples[i].negatives[0]) in positives for i in b), (seed, b)
 
 
 def test_no_batch_of_one() -> None:

@@ -22,6 +22,23 @@ def test_pick_layers() -> None:
     assert pick_layers(2, 1) == [1]
 
 
+def test_bad_tatoeba_lines_are_reported_and_skipped(tmp_path: Path) -> None:
+    from vecplug.indexer.distill import build_examples
+    from vecplug.types import Problem
+
+    folder = tmp_path / "tatoeba"
+    folder.mkdir()
+    (folder / "tatoeba.deu-eng.deu").write_bytes(b"Hallo\n\xffkaputt\n" + "Danke\u2028sehr\n".encode())
+    (folder / "tatoeba.deu-eng.eng").write_text("Hello\nbroken\nThanks a lot\n", encoding="utf-8")
+    problems: list[Problem] = []
+    inputs, targets, record = build_examples(DistillConfig(tatoeba=str(folder)), problems)
+    assert problems == [Problem(str(folder / "tatoeba.deu-eng.deu"), "not valid UTF-8", 2)]
+    assert record["tatoeba"]["pairs"] == 2
+    # each pair gives (x, x), (e, e), (x, e): the U+2028 sentence stays with its own source
+    assert ("Danke\u2028sehr", "Thanks a lot") in list(zip(inputs, targets))
+    assert "broken" not in targets
+
+
 def test_student_shares_the_frozen_table(tiny_model: Path) -> None:
     from transformers import AutoModel
 

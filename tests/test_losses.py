@@ -106,6 +106,43 @@ def test_ranking_positive_ids_mask_duplicates() -> None:
     assert sym.item() == pytest.approx((got.item() + back) / 2, abs=1e-5)
 
 
+def test_ranking_padded_hard_negatives_are_no_row_s_column() -> None:
+    # row 0 has two hard negatives (0, 1) and (-1, 0); row 1 has one, (0, -1), padded with a
+    # vector that would be a strong column if it counted: (1, 1)
+    r = math.sqrt(0.5)
+    hn = t([[[0.0, 1.0], [-1.0, 0.0]], [[0.0, -1.0], [1.0, 1.0]]])
+    mask = torch.tensor([[True, True], [True, False]])
+    # columns [p0, p1, n00, n01, n10] for both rows; cos of a0 = (1, 0): [1, r, 0, -1, 0],
+    # of a1 = (0, 1): [0, r, 1, 0, -1]
+    row0 = ce(np.array([1, r, 0, -1, 0]) * 2, 0)
+    row1 = ce(np.array([0, r, 1, 0, -1]) * 2, 1)
+    got = L.ranking_loss(t(A2), t(P2), hn, scale=2.0, negative_mask=mask)
+    assert got.item() == pytest.approx((row0 + row1) / 2, abs=1e-5)
+    with pytest.raises(L.LossInputError, match="negative_mask"):
+        L.ranking_loss(t(A2), t(P2), hn, negative_mask=mask[:, :1])
+    with pytest.raises(L.LossInputError, match="need hard negatives"):
+        L.ranking_loss(t(A2), t(P2), negative_mask=mask)
+
+
+def test_ranking_hard_negative_that_is_a_row_s_positive_is_masked_for_that_row_only() -> None:
+    # a perfect encoder: a_i = p_i, rows orthogonal; row 0's mined negative IS p1, row 1's is
+    # unrelated. For row 1 the column "row 0's negative" is its own positive again
+    e = np.eye(4)
+    a, p = t(e[:2].tolist()), t(e[:2].tolist())
+    hn = t([[e[1].tolist()], [e[3].tolist()]])
+    negative_ids = torch.tensor([[1], [-1]])       # row 0's negative is a positive of id 1
+    ids = torch.tensor([0, 1])
+    # row 0 columns [p0, p1, n0, n1]: cos [1, 0, 0, 0]; row 1 without n0: [p0, p1, n1] = [0, 1, 0]
+    row0 = ce(np.array([1, 0, 0, 0]) * 20, 0)
+    row1 = ce(np.array([0, 1, 0]) * 20, 1)
+    got = L.ranking_loss(a, p, hn, scale=20, positive_ids=ids, negative_ids=negative_ids)
+    assert got.item() == pytest.approx((row0 + row1) / 2, abs=1e-6)
+    # unmasked, row 1 cannot do better than a tie with its own positive: log 2 / 2
+    assert L.ranking_loss(a, p, hn, scale=20, positive_ids=ids).item() == pytest.approx(math.log(2) / 2, abs=1e-4)
+    # without positive_ids the row number is the id
+    assert L.ranking_loss(a, p, hn, scale=20, negative_ids=negative_ids).item() == pytest.approx(got.item())
+
+
 # -- triplet --------------------------------------------------------------------------
 # l1 case: a0 = (0, 0), p0 = (1, 0) -> d(a, p) = 1;  a1 = (10, 0), p1 = (10, 2) -> 2
 # batch negatives: row 0 <- p1 at 12; row 1 <- p0 at 9 (both easy with margin .5)
@@ -175,6 +212,21 @@ def test_triplet_no_violation_and_no_negative_give_a_differentiable_zero() -> No
         zero.backward()
 
 
+def test_triplet_padded_and_own_positive_negatives_are_not_candidates() -> None:
+    # the l1 case above with row 0's second negative padding and row 1's first a positive of
+    # its own question: the hardest left are (1, .2) at 1.2 for row 0 (loss .3) and (12, .3)
+    # at 2.3 for row 1 (loss .2); the batch negatives stay easy
+    mask = torch.tensor([[True, False], [True, True]])
+    negative_ids = torch.tensor([[-1, -1], [1, -1]])
+    got = L.triplet_loss(t(TA), t(TP), t(TN), strategy="hard", distance="l1", margin=0.5,
+                         labels=torch.tensor([0, 1]), negative_mask=mask, negative_ids=negative_ids)
+    assert got.item() == pytest.approx((0.3 + 0.2) / 2, abs=1e-5)
+    # every negative of a row masked: its candidates are the other rows' positives only
+    none = L.triplet_loss(t(TA), t(TP), t(TN), strategy="hard", distance="l1", margin=0.5,
+                          negative_mask=torch.zeros(2, 2, dtype=torch.bool))
+    assert none.item() == pytest.approx(0.0)
+
+
 # -- cosine_bce -----------------------------------------------------------------------
 
 def test_cosine_bce_hand_computed() -> None:
@@ -241,6 +293,24 @@ def test_simcse_hand_computed() -> None:
     assert got.item() == pytest.approx(expected, abs=1e-5)
     no_neg = (ce(np.array([r, 0]) / 0.5, 0) + ce(np.array([r, 1]) / 0.5, 1)) / 2
     assert L.simcse_loss(t(a.tolist()), t(p.tolist()), temperature=0.5).item() == pytest.approx(no_neg, abs=1e-5)
+
+
+def test_simcse_masks_repeated_rows_and_padded_negatives() -> None:
+    # the same premise and entailment twice in a batch: unmasked, each row ties with the other
+    # (log 2); masked by positive_ids, no negative is left
+    a = t([[1.0, 0.0], [1.0, 0.0]])
+    assert L.simcse_loss(a, a, temperature=0.05).item() == pytest.approx(math.log(2), abs=1e-5)
+    assert L.simcse_loss(a, a, temperature=0.05, positive_ids=torch.tensor([3, 3])).item() == pytest.approx(0.0)
+    # padded and own-positive hard negatives are not columns (as in ranking_loss)
+    r = math.sqrt(0.5)
+    a2, p2 = t([[1.0, 0.0], [0.0, 1.0]]), t([[1.0, 1.0], [0.0, 2.0]])
+    hn = t([[[-1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [5.0, 5.0]]])
+    mask = torch.tensor([[True, True], [True, False]])
+    negative_ids = torch.tensor([[-1, 1], [-1, -1]])   # n01 = (0, 1) is row 1's positive
+    # row 0 columns [p0, p1, n00, n01, n10]: [r, 0, -1, 0, 1]; row 1 drops n01: [r, 1, 0, 0]
+    expected = (ce(np.array([r, 0, -1, 0, 1]) / 0.5, 0) + ce(np.array([r, 1, 0, 0]) / 0.5, 1)) / 2
+    got = L.simcse_loss(a2, p2, hn, temperature=0.5, negative_mask=mask, negative_ids=negative_ids)
+    assert got.item() == pytest.approx(expected, abs=1e-5)
 
 
 # -- cross-encoder losses -------------------------------------------------------------
@@ -379,7 +449,8 @@ def test_registry_entries_match_their_functions() -> None:
         assert spec.name == name and spec.model in ("bi", "cross")
         assert spec.needs in ("pairs", "triplets", "labelled", "graded", "lists")
         keyword_only = {p.name for p in inspect.signature(spec.fn).parameters.values()
-                        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("positive_ids", "labels")}
+                        if p.kind is inspect.Parameter.KEYWORD_ONLY
+                        and p.name not in ("positive_ids", "labels", "negative_mask", "negative_ids")}
         assert set(spec.options) == keyword_only, name
     assert L.get_loss("triplet").fn is L.triplet_loss
     assert L.get_loss("ranknet").model == "cross"

@@ -3,8 +3,10 @@ the rest of vecplug takes as they are."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -13,6 +15,9 @@ from click.testing import CliRunner
 
 from tests.conftest import SHARED, TINY_TEXT
 from vecplug.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 WORDS = sorted({w for line in TINY_TEXT[:10] for w in line.split()})
 
@@ -172,6 +177,39 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path: Path, tiny_mod
     assert run_training(two, progress=False, stop_after=2) is None
     resumed = run_training(two, progress=False)
     assert resumed.resumed_at == 5 and resumed.losses == straight.losses
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
+
+
+def test_query_data_with_uneven_negatives_trains_and_resumes_to_the_same_weights(tmp_path: Path,
+                                                                                tiny_model: Path) -> None:
+    """Queries with one to three positives and zero to two negatives (own and mined): every
+    positive is a row, every negative a column (padded where a row has fewer), and a resumed
+    run still ends where an uninterrupted one does."""
+    from vecplug.training import run_training
+
+    rng = random.Random(3)
+    data = tmp_path / "queries.jsonl"
+    with open(data, "w", encoding="utf-8") as fh:
+        for i in range(30):
+            words = rng.sample(WORDS, 3)
+            positives = [" ".join(words[::-1])] + [" ".join(rng.sample(words, 3)) + f" {k}" for k in range(i % 3)]
+            row = {"query": " ".join(words), "positives": positives}
+            if i % 2:
+                row["negatives"] = [" ".join(rng.sample(WORDS, 3))]
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    values = base_config(tmp_path, tiny_model, data, epochs=1)
+    values["tasks"][0] |= {"format": "query", "mine": {"method": "bm25", "per_example": 1}}
+    one = write_config(tmp_path / "one.yaml", **(values | {"output": str(tmp_path / "one")}))
+    two = write_config(tmp_path / "two.yaml", **(values | {"output": str(tmp_path / "two")}))
+    straight = run_training(one, progress=False)
+    meta = json.loads((tmp_path / "one" / "vecplug.json").read_text())["training"]["tasks"]["pairs"]
+    assert meta["examples"] + meta["held_out"] == 30 + (0 + 1 + 2) * 10  # one row per positive
+    assert all(np.isfinite(straight.losses))
+    assert run_training(two, progress=False, stop_after=2) is None
+    resumed = run_training(two, progress=False)
+    assert resumed.resumed_at == 2 and resumed.losses == straight.losses
     a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     for k in a:
         np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
@@ -353,3 +391,202 @@ def test_labels_a_loss_cannot_take_are_reported_with_their_line(tmp_path: Path) 
         (3, "label 3: smooth_ordinal takes whole grades 0..2 with 2 thresholds: skipped"),
         (4, "label 1.5: smooth_ordinal takes whole grades 0..2 with 2 thresholds: skipped")]
     assert all(p.path == str(data) for p in problems)
+
+
+# -- one step's tensors, held-out measures: a fake model with chosen vectors ----------------
+
+class FakeModel:
+    """A model whose vectors are given per text (unit-normalised), recording what it embeds;
+    cross-encoder scores are the dot products of those vectors."""
+
+    def __init__(self, vectors: dict[str, list[float]], kind: str = "bi-encoder") -> None:
+        self.vectors = {t: np.asarray(v, dtype=np.float32) / np.linalg.norm(v) for t, v in vectors.items()}
+        self.kind = kind
+        self.seen: list[str] = []
+
+    def prefix(self, which: str) -> str:
+        return ""
+
+    def embed(self, texts: list[str], prefix: str) -> "torch.Tensor":
+        import torch
+
+        self.seen += texts
+        return torch.from_numpy(np.stack([self.vectors[t] for t in texts]))
+
+    def embed_all(self, texts: list[str], prefix: str) -> np.ndarray:
+        return np.stack([self.vectors[t] for t in texts])
+
+    def score_all(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        return np.array([self.vectors[q] @ self.vectors[d] for q, d in pairs], dtype=np.float32)
+
+
+def ranking_by_hand(model: FakeModel, batch: list, scale: float, masked: set[tuple[int, str]] = frozenset(),
+                    same: set[tuple[int, int]] = frozenset()) -> float:
+    """Mean over rows of -log softmax at the row's own positive, the columns being every row's
+    positive (but ``same`` (row, row) pairs) and every row's negatives (but ``masked``
+    (row, text) pairs), from the definition."""
+    v = model.vectors
+    total = 0.0
+    for i, e in enumerate(batch):
+        cols = [scale * float(v[e.anchor] @ v[o.positives[0]]) for j, o in enumerate(batch) if (i, j) not in same]
+        cols += [scale * float(v[e.anchor] @ v[n]) for o in batch for n in o.negatives if (i, n) not in masked]
+        own = scale * float(v[e.anchor] @ v[e.positives[0]])
+        total += -own + math.log(sum(math.exp(c) for c in cols))
+    return total / len(batch)
+
+
+def _vectors(texts: list[str], dim: int = 4, seed: int = 0) -> dict[str, list[float]]:
+    rng = np.random.default_rng(seed)
+    return {t: rng.standard_normal(dim).tolist() for t in texts}
+
+
+def test_every_row_keeps_all_its_hard_negatives(tmp_path: Path) -> None:
+    """A row without negatives (or with fewer) no longer cuts the others' to its count: the
+    missing ones are padding the loss masks."""
+    from vecplug.indexer.train_config import TaskConfig
+    from vecplug.indexer.train_data import Example
+    from vecplug.indexer.train_step import loss_of
+
+    batch = [Example("a0", ("p0",), ("n0", "m0")), Example("a1", ("p1",)), Example("a2", ("p2",), ("n2",))]
+    model = FakeModel(_vectors(["a0", "a1", "a2", "p0", "p1", "p2", "n0", "m0", "n2"]))
+    for loss, options in (("ranking", {"scale": 5.0}), ("simcse", {"temperature": 0.2})):
+        model.seen = []
+        got = loss_of(model, TaskConfig(loss=loss, options=options), batch).item()
+        assert {"n0", "m0", "n2"} <= set(model.seen), loss
+        assert got == pytest.approx(ranking_by_hand(model, batch, 5.0), abs=1e-4), loss
+    # triplet: row 0 has two own negatives, row 2 one, row 1 only the batch's positives
+    task = TaskConfig(loss="triplet", options={"strategy": "hard", "margin": 2.0})
+    v = model.vectors
+    dist = lambda x, y: 1.0 - float(v[x] @ v[y])  # noqa: E731
+    per_row = [dist(e.anchor, e.positives[0]) + 2.0 - min(
+        [dist(e.anchor, o.positives[0]) for o in batch if o is not e] + [dist(e.anchor, n) for n in e.negatives])
+        for e in batch]
+    assert loss_of(model, task, batch).item() == pytest.approx(np.mean(per_row), abs=1e-5)
+
+
+def test_a_hard_negative_that_is_a_row_s_positive_is_not_its_negative(tmp_path: Path) -> None:
+    """BM25 mines other rows' positives: row 0's negative is row 1's positive (in another case
+    and spacing), a column every row scores against. It stays a negative for rows 0 and 2, and
+    is none for row 1."""
+    from vecplug.indexer.train_config import TaskConfig
+    from vecplug.indexer.train_data import Example
+    from vecplug.indexer.train_step import candidate_lists, loss_of
+
+    batch = [Example("a0", ("p0",), ("P1  x",)), Example("a1", ("p1 X",)), Example("a2", ("p2",))]
+    vectors = _vectors(["a0", "a1", "a2", "p0", "p1 X", "p2"], seed=1)
+    model = FakeModel(vectors | {"P1  x": vectors["p1 X"]})
+    got = loss_of(model, TaskConfig(loss="ranking", options={"scale": 5.0}), batch).item()
+    assert got == pytest.approx(ranking_by_hand(model, batch, 5.0, masked={(1, "P1  x")}), abs=1e-4)
+    assert got < ranking_by_hand(model, batch, 5.0) - 0.01
+    # cross-encoder lists: a row's own negative that is a positive of its question is dropped
+    same_question = [Example("q", ("p0",), ("p1", "n0")), Example("q", ("p1",))]
+    lists, labels = candidate_lists(same_question, 8)
+    assert lists == [["p0", "n0"], ["p1"]] and labels == [[1.0, 0.0], [1.0]]
+
+
+def test_rows_are_linked_on_every_positive_and_normalised_texts() -> None:
+    from vecplug.indexer.train_data import Example
+    from vecplug.indexer.train_step import same_question_ids
+
+    # q1 -> [p1, p2] and q2 -> [p2]: p2 is not a negative of q1
+    assert same_question_ids([Example("q1", ("p1", "p2")), Example("q2", ("p2",))]).tolist() == [0, 0]
+    # compared as the batches are composed (train_data.normalise: spaces collapsed, casefold)
+    ids = same_question_ids([Example("Hello  World", ("a",)), Example("hello world", ("b",)),
+                             Example("x", ("Straße",)), Example("y", ("STRASSE",)), Example("z", ("c",))])
+    assert ids.tolist() == [0, 0, 2, 2, 4]
+
+
+def test_simcse_masks_repeated_rows() -> None:
+    from vecplug.indexer.train_config import TaskConfig
+    from vecplug.indexer.train_data import Example
+    from vecplug.indexer.train_step import loss_of
+
+    batch = [Example("premise", ("entailed",)), Example("premise", ("entailed",)), Example("other", ("else",))]
+    model = FakeModel(_vectors(["premise", "entailed", "other", "else"], seed=2))
+    got = loss_of(model, TaskConfig(loss="simcse", options={"temperature": 0.5}), batch).item()
+    assert got == pytest.approx(ranking_by_hand(model, batch, 2.0, same={(0, 1), (1, 0)}), abs=1e-5)
+
+
+def test_a_query_with_several_positives_trains_on_each(tmp_path: Path) -> None:
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import load_tasks
+
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"query": "what is a cat", "positives": ["cats are felines", "a cat is a pet",
+                                                                      "cat: an animal"]}) + "\n"
+                    + json.dumps({"query": "what is a dog", "positives": ["dogs are canines"]}) + "\n")
+    config = load_train_config(write_config(
+        tmp_path / "t.yaml", model="unused", output=str(tmp_path / "o"), eval={"held_out": 0.0},
+        tasks=[{"data": str(data), "format": "query", "loss": "ranking"}]))
+    (task,) = load_tasks(config, [], log=lambda m: None)
+    assert [(e.anchor, e.positives[0]) for e in task.train] == [
+        ("what is a cat", "cats are felines"), ("what is a cat", "a cat is a pet"), ("what is a cat", "cat: an animal"),
+        ("what is a dog", "dogs are canines")]
+    # the others stay with each row: never its negatives
+    assert set(task.train[1].positives) == {"cats are felines", "a cat is a pet", "cat: an animal"}
+
+
+def test_labels_pointwise_bce_cannot_take_are_reported_with_their_line(tmp_path: Path) -> None:
+    """Graded labels are no probabilities: reported and skipped when the data loads, not a
+    LossInputError without file or line at the first step (and again on every resume)."""
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import load_tasks
+    from vecplug.types import Problem
+
+    data = tmp_path / "graded.jsonl"
+    data.write_text("".join(json.dumps({"text1": f"q{i}", "text2": f"d{i}", "label": g}) + "\n"
+                            for i, g in enumerate([0, 0.5, 2, 1, 3, 0.25])))
+    config = load_train_config(write_config(
+        tmp_path / "t.yaml", model="unused", kind="cross-encoder", output=str(tmp_path / "o"),
+        eval={"held_out": 0.0}, tasks=[{"data": str(data), "format": "labelled", "loss": "pointwise_bce"}]))
+    problems: list[Problem] = []
+    (task,) = load_tasks(config, problems, log=lambda m: None)
+    assert [e.label for e in task.train] == [0, 0.5, 1, 0.25]
+    assert [(p.path, p.line, p.reason) for p in problems] == [
+        (str(data), 3, "label 2: pointwise_bce takes labels in [0, 1]: skipped"),
+        (str(data), 5, "label 3: pointwise_bce takes labels in [0, 1]: skipped")]
+
+
+def test_bad_tatoeba_lines_are_reported_by_train(tmp_path: Path) -> None:
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import load_tasks
+    from vecplug.types import Problem
+
+    folder = tmp_path / "tatoeba"
+    folder.mkdir()
+    (folder / "tatoeba.deu-eng.deu").write_bytes(b"Hallo\n\xffkaputt\nDanke\nGut\n")
+    (folder / "tatoeba.deu-eng.eng").write_text("Hello\nbroken\nThanks\nGood\nextra\n")
+    config = load_train_config(write_config(
+        tmp_path / "t.yaml", model="unused", output=str(tmp_path / "o"), eval={"held_out": 0.0},
+        tasks=[{"data": str(folder), "format": "tatoeba", "loss": "ranking"}]))
+    problems: list[Problem] = []
+    logged: list[str] = []
+    (task,) = load_tasks(config, problems, log=logged.append)
+    assert [e.anchor for e in task.train] == ["Hello", "Thanks", "Good"]
+    deu = str(folder / "tatoeba.deu-eng.deu")
+    assert [(p.path, p.line) for p in problems] == [(deu, 2), (deu, None)]
+    assert "4 lines" in problems[1].reason and any(f"{deu}:2: not valid UTF-8" in m for m in logged)
+
+
+def test_held_out_ranks_leave_out_the_anchor_s_other_positives() -> None:
+    """An English sentence with two held-out translations: the other translation ranking above
+    a row's own is no miss (every row can rank first), for the bi- and the cross-encoder."""
+    from vecplug.indexer.train import TaskData
+    from vecplug.indexer.train_config import TaskConfig
+    from vecplug.indexer.train_data import Example
+    from vecplug.indexer.train_eval import evaluate_held_out
+
+    held = [Example("Hello.", ("Hallo.",)), Example("Hello.", ("Bonjour.",)),
+            Example("Thanks.", ("Danke.",)), Example("Yes.", ("Ja.",))]
+    vectors = {"Hello.": [1, 0, 0], "Hallo.": [1, 0, 0], "Bonjour.": [0.9, 0.3, 0.3],
+               "Thanks.": [0, 1, 0], "Danke.": [0, 1, 0], "Yes.": [0, 0, 1], "Ja.": [0, 0, 1]}
+    task = TaskData("t", TaskConfig(), [], held, {})
+    bi = evaluate_held_out(FakeModel(vectors), [task])["t"]
+    assert (bi["accuracy@1"], bi["mrr@10"]) == (1.0, 1.0)
+    # texts that are no positive of the anchor still count: Hallo. and Bonjour. for "Thanks."
+    vectors["Thanks."] = [0.9, 0.1, 0.0]
+    bi = evaluate_held_out(FakeModel(vectors), [task])["t"]
+    assert (bi["accuracy@1"], bi["mrr@10"]) == (0.75, pytest.approx((1 + 1 + 1 / 3 + 1) / 4))
+    vectors["Thanks."] = [0, 1, 0]
+    cross = evaluate_held_out(FakeModel(vectors, kind="cross-encoder"), [task])["t"]
+    assert (cross["accuracy@1"], cross["mrr@10"]) == (1.0, 1.0)

@@ -15,6 +15,7 @@ from vecplug.indexer.train_data import (
     load_examples,
     load_tatoeba,
     normalise,
+    one_row_per_positive,
     split_held_out,
 )
 from vecplug.types import Problem
@@ -321,6 +322,42 @@ def test_tatoeba_length_mismatch_reported(tmp_path: Path) -> None:
     examples = load_tatoeba(folder, langs=["deu"], problems=problems)
     assert [e.anchor for e in examples] == ["Hello."]
     assert len(problems) == 1 and "4 lines" in problems[0].reason
+
+
+def test_tatoeba_odd_lines_read_alike_for_training_and_distillation(tmp_path: Path) -> None:
+    """Lines split at \\n only (a U+2028 inside a sentence shifts nothing), a BOM dropped, an
+    undecodable line reported with its line and skipped, by both readers."""
+    folder = tmp_path / "tatoeba"
+    folder.mkdir()
+    (folder / "tatoeba.fra-eng.fra").write_bytes("\ufeffBonjour\u2028le monde\nMerci\nAu revoir\n".encode())
+    (folder / "tatoeba.fra-eng.eng").write_text("Hello world\nThanks\nGoodbye\n", encoding="utf-8")
+    (folder / "tatoeba.deu-eng.deu").write_bytes(b"Hallo\n\xffkaputt\nDanke\n")
+    (folder / "tatoeba.deu-eng.eng").write_text("Hello\nbroken\nThanks\n", encoding="utf-8")
+    expected = [("deu", "Hallo", "Hello"), ("deu", "Danke", "Thanks"),
+                ("fra", "Bonjour\u2028le monde", "Hello world"), ("fra", "Merci", "Thanks"),
+                ("fra", "Au revoir", "Goodbye")]
+    problems: list[Problem] = []
+    examples = load_tatoeba(folder, problems=problems)
+    assert [(e.positive_lang, e.positives[0], e.anchor) for e in examples] == expected
+    assert examples[1].where == f"{folder / 'tatoeba.deu-eng.deu'}:3"
+    bad = [Problem(str(folder / "tatoeba.deu-eng.deu"), "not valid UTF-8", 2)]
+    assert problems == bad
+    distill_problems: list[Problem] = []
+    assert tatoeba_pairs(folder, distill_problems) == expected
+    assert distill_problems == bad
+    assert tatoeba_pairs(folder) == expected  # problems are optional
+
+
+def test_one_row_per_positive() -> None:
+    examples = [Example("q", ("p1", "p2", "p3"), ("n",), anchor_lang="en", where="f:1"),
+                Example("q2", ("only",)),
+                Example("t1", ("t2",), label=1.0)]
+    rows = one_row_per_positive(examples)
+    assert [(e.anchor, e.positives, e.negatives) for e in rows] == [
+        ("q", ("p1", "p2", "p3"), ("n",)), ("q", ("p2", "p1", "p3"), ("n",)), ("q", ("p3", "p1", "p2"), ("n",)),
+        ("q2", ("only",), ()), ("t1", ("t2",), ())]
+    assert {(e.anchor_lang, e.where) for e in rows[:3]} == {("en", "f:1")}
+    assert one_row_per_positive(rows[3:]) == rows[3:]
 
 
 @pytest.mark.skipif(not TATOEBA.is_dir(), reason="no Tatoeba data in /work/shared/data")
