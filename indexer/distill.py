@@ -324,7 +324,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     seconds = time.perf_counter() - started
     meta = {
         "kind": "vecplug query student",
-        "teacher": config.teacher,
+        "teacher": teacher.info.spec,  # a folder as an absolute path: found from any directory
         "teacher_checksum": teacher.info.checksum,
         "layers": layers,
         "ffn_width": config.ffn_width,

@@ -96,6 +96,22 @@ def test_distill_learns_and_writes_a_small_artifact(tiny_model: Path, texts_file
     assert enc.query.tokenizer is enc.document.tokenizer  # and one tokenizer
 
 
+def test_a_teacher_given_by_a_relative_path_is_found_from_anywhere(tiny_model: Path, texts_file: Path,
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """student.json names its teacher as resolved (a folder by its absolute path), not as typed:
+    './tiny-bert' only worked from the directory distill ran in."""
+    from vecplug.indexer.models import resolve_model
+
+    monkeypatch.chdir(tiny_model.parent)
+    out = tmp_path / "student"
+    distill(config(Path("./" + tiny_model.name), texts_file, epochs=1), out, progress=False)
+    assert json.loads((out / "student.json").read_text())["teacher"] == str(tiny_model.resolve())
+    monkeypatch.chdir(tmp_path)
+    info = resolve_model(str(out))
+    assert info.teacher is not None and info.teacher.path == tiny_model.resolve()
+
+
 def test_resume_equals_one_run(tiny_model: Path, texts_file: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
