@@ -149,12 +149,11 @@ def build_builtin(name: str, force: bool = False) -> Path:
             f.chmod(0o644)
             fsync_path(f)
         fsync_path(tmp)
-        if force and target.exists():
-            old = target.with_name(f".old-{name}-{os.getpid()}-{time.time_ns()}")
-            target.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
         try:
-            tmp.rename(target)
+            if force:
+                replace_folder(tmp, target)
+            else:
+                tmp.rename(target)
         except OSError:
             if not is_built(name):  # not someone else's finished build: a real failure
                 raise
@@ -162,6 +161,28 @@ def build_builtin(name: str, force: bool = False) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put the folder ``new`` in place of ``target`` (which may not exist) by renames.
+
+    The old ``target`` is renamed aside, ``new`` renamed in, and only then the old one removed:
+    an interruption at any point leaves the old or the new folder whole, never neither (between
+    the two renames the old one waits as ``.old-<name>-*`` beside it). If ``new`` cannot be
+    renamed in, the old one is put back and the error raised.
+    """
+    old = None
+    if target.exists():
+        old = target.with_name(f".old-{target.name}-{os.getpid()}-{time.time_ns()}")
+        target.rename(old)
+    try:
+        new.rename(target)
+    except BaseException:
+        if old is not None and not target.exists():  # else someone else's folder took the place
+            old.rename(target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def list_models() -> list[dict[str, Any]]:
@@ -195,29 +216,32 @@ def _read_meta(folder: Path) -> dict[str, Any]:
         return {}
 
 
-def folder_checksum(folder: Path) -> str:
-    """Checksum of a model folder's weights, cached by file size and mtime."""
-    meta = _read_meta(folder)
-    if meta.get("weights_sha256"):
-        return str(meta["weights_sha256"])
+#: the definition of a weights checksum (``checksums.weights_sha256``) the cache's entries hold:
+#: part of every key, so entries made by another definition (earlier versions hashed the file
+#: bytes) are never taken for this one. Change it whenever that definition changes.
+_CHECKSUM_METHOD = "tensors-v1"
+
+
+def weights_checksums(files: list[Path]) -> list[str]:
+    """``weights_sha256`` of each file, cached in ``$VECPLUG_HOME/checksums.json`` by path, size,
+    times and inode: a file written or replaced since is hashed again."""
     from vecplug.indexer.checksums import weights_sha256
 
-    weights = sorted(p for p in folder.iterdir()
-                     if p.suffix in (".safetensors", ".bin") and p.is_file())
-    if not weights:
-        raise ModelError(f"no weights (*.safetensors or *.bin) in {folder}")
     cache_file = vecplug_home() / "checksums.json"
     try:
         cache = json.loads(cache_file.read_text())
     except (OSError, ValueError):
         cache = {}
-    parts = []
-    for w in weights:
+    # another definition's entries can never be used again: dropped, not kept forever
+    cache = {k: v for k, v in cache.items() if k.startswith(f"{_CHECKSUM_METHOD}|")}
+    sums = []
+    for w in files:
         st = w.stat()
-        key = f"{w.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        # the change time, unlike the modification time, cannot be set back (cp -p, touch -r)
+        key = f"{_CHECKSUM_METHOD}|{w.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
         if key not in cache:
             cache[key] = weights_sha256(w)
-        parts.append(cache[key])
+        sums.append(cache[key])
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
@@ -225,30 +249,61 @@ def folder_checksum(folder: Path) -> str:
         os.replace(tmp, cache_file)
     except OSError:
         pass  # a read-only home only costs re-hashing next time
+    return sums
+
+
+def _checked(recorded: Any, computed: str, where: Path) -> str:
+    """The computed checksum; a recorded one that differs means the weights were replaced
+    after the record was written, which the user should hear about."""
+    if recorded and recorded != computed:
+        import warnings
+
+        warnings.warn(f"{where} records weights_sha256 {str(recorded)[:12]}..., but its weights "
+                      f"hash to {computed[:12]}...: they were changed since; using the weights' "
+                      "checksum", RuntimeWarning, stacklevel=3)
+    return computed
+
+
+def folder_checksum(folder: Path) -> str:
+    """Checksum of a model folder's weights (``weights_sha256`` of its one weights file; of
+    several, the SHA-256 of their checksums in name order), always from the files themselves
+    (cached by :func:`weights_checksums`): the ``weights_sha256`` recorded in ``vecplug.json``
+    is not trusted, the weights may have been replaced since."""
+    weights = sorted(p for p in folder.iterdir()
+                     if p.suffix in (".safetensors", ".bin") and p.is_file())
+    if not weights:
+        raise ModelError(f"no weights (*.safetensors or *.bin) in {folder}")
+    parts = weights_checksums(weights)
     if len(parts) == 1:
-        return parts[0]
-    import hashlib
+        computed = parts[0]
+    else:
+        import hashlib
 
-    return hashlib.sha256("".join(parts).encode()).hexdigest()
+        computed = hashlib.sha256("".join(parts).encode()).hexdigest()
+    return _checked(_read_meta(folder).get("weights_sha256"), computed, folder / "vecplug.json")
 
 
-def _default_prefixes(spec: str, folder: Path) -> tuple[str, str]:
+def _default_prefixes(name: str, folder: Path) -> tuple[str, str]:
+    """Prefixes from the folder's ``vecplug.json``, else by the model's ``name`` (a folder's own
+    name, a hub repository's name: never the spec as typed, which may be ``.``)."""
     meta = _read_meta(folder)
     if "query_prefix" in meta or "document_prefix" in meta:
         return meta.get("query_prefix", ""), meta.get("document_prefix", "")
-    low = spec.lower()
     for family, q, d in _KNOWN_PREFIXES:
-        if family in Path(low).name or family in low.split("/")[-1]:
+        if family in name.lower():
             return q, d
     return "", ""
 
 
 def _resolve_student(spec: str, folder: Path, build: bool, builtin: bool = False) -> ModelInfo:
-    from vecplug.indexer.student import read_student_meta
+    from vecplug.indexer.student import STUDENT_WEIGHTS, read_student_meta
 
     meta = read_student_meta(folder)
     teacher = resolve_model(str(meta["teacher"]), build=build)
-    return ModelInfo(spec, folder, str(meta["weights_sha256"]),
+    # like a model folder's: from the weights, not from what student.json says they were
+    checksum = _checked(meta.get("weights_sha256"), weights_checksums([folder / STUDENT_WEIGHTS])[0],
+                        folder / "student.json")
+    return ModelInfo(spec, folder, checksum,
                      meta.get("query_prefix", teacher.query_prefix),
                      meta.get("document_prefix", teacher.document_prefix), builtin, teacher,
                      meta.get("query_quantize"))
@@ -292,11 +347,12 @@ def resolve_model(spec: str, build: bool = True) -> ModelInfo:
             return _resolve_student(str(path.resolve()), path.resolve(), build)
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a Hugging Face model folder (no config.json)")
-        q, d = _default_prefixes(spec, path)
-        return ModelInfo(str(path.resolve()), path.resolve(), folder_checksum(path), q, d)
+        folder = path.resolve()
+        q, d = _default_prefixes(folder.name, folder)
+        return ModelInfo(str(folder), folder, folder_checksum(folder), q, d)
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
-        folder = _download(spec)
-        q, d = _default_prefixes(spec, folder)
+        folder = _download(spec)  # a snapshot folder named by commit: the repository names the model
+        q, d = _default_prefixes(spec.partition("@")[0].split("/")[-1], folder)
         return ModelInfo(spec, folder, folder_checksum(folder), q, d)
     raise ModelError(f"model '{spec}' is neither a built-in name ({', '.join(BUILTIN_MODELS)}), "
                      "a model folder, nor a hub id like 'org/name'")

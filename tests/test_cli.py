@@ -230,6 +230,20 @@ def test_verify_finds_damage(corpus: Path, tiny_model: Path) -> None:
     assert "cannot open" in out and "damaged" in out
 
 
+def test_verify_sample_of_zero_skips_reencoding_and_a_negative_one_is_refused(corpus: Path, tiny_model: Path) -> None:
+    """``--sample 0`` crashed on the lowest cosine of no documents; a negative sample in numpy."""
+    from vecplug.config import load_settings
+    from vecplug.errors import ConfigError
+    from vecplug.verify import verify_index
+
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    out = run("verify", "--sample", "0")
+    assert "no problems found" in out and "re-encoding: skipped" in out and "re-encoded" not in out
+    assert "Invalid value for '--sample'" in run("verify", "--sample", "-1", ok=False)
+    with pytest.raises(ConfigError, match="0 or more, not -1"):
+        verify_index(load_settings(), sample=-1)
+
+
 def test_language_codes_from_flags_are_normalised(corpus: Path, tiny_model: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     run("index", str(corpus), "--model", str(tiny_model), "-q")

@@ -249,3 +249,89 @@ def test_a_too_long_setting_stops_indexing_before_an_index_exists(tiny_model: Pa
                                           "model": {"document": str(tiny_model)}})
     with vecplug.create_index(docs, settings=ok) as index:  # the defaults: 64 / the model's 128
         assert (index.manifest["query_max_length"], index.manifest["document_max_length"]) == (64, 128)
+
+
+def test_a_folders_checksum_is_of_its_weights_not_of_their_record(tiny_model: Path, tmp_path: Path) -> None:
+    """New weights in a folder are a new model, whatever its vecplug.json records: the index's
+    encoder check and the ONNX and int8 caches all go by this checksum. The new file keeps the
+    old size and modification time: the checksum cache must still see it changed."""
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    from vecplug.indexer.checksums import weights_sha256
+
+    folder = tmp_path / "fine-tuned"
+    shutil.copytree(tiny_model, folder)
+    weights = folder / "model.safetensors"
+    recorded = weights_sha256(weights)  # as the me5-small build and train record a one-file folder
+    (folder / "vecplug.json").write_text(json.dumps({"weights_sha256": recorded}))
+    assert resolve_model(str(folder)).checksum == recorded  # the same definition: identities kept
+    st = weights.stat()
+    state = load_file(str(weights))
+    state = {k: v + 1 for k, v in state.items()}  # same names and shapes: a file of the same size
+    save_file(state, str(weights), metadata={"format": "pt"})
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_size == st.st_size
+    with pytest.warns(RuntimeWarning, match="changed since"):
+        info = resolve_model(str(folder))
+    assert info.checksum == weights_sha256(weights) != recorded
+    # several weight files: their checksums combined, never the record of one of them
+    shutil.copyfile(tiny_model / "model.safetensors", folder / "model-2.safetensors")
+    with pytest.warns(RuntimeWarning, match="changed since"):
+        assert resolve_model(str(folder)).checksum not in (recorded, info.checksum)
+
+
+def test_a_students_checksum_is_of_its_weights_not_of_their_record(tiny_student: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from vecplug.indexer.student import STUDENT_WEIGHTS
+
+    before = resolve_model(str(tiny_student)).checksum
+    assert before == json.loads((tiny_student / "student.json").read_text())["weights_sha256"]
+    state = load_file(str(tiny_student / STUDENT_WEIGHTS))
+    name = sorted(state)[0]
+    state[name] = state[name] + 1
+    save_file(state, str(tiny_student / STUDENT_WEIGHTS), metadata={"format": "pt"})
+    with pytest.warns(RuntimeWarning, match="changed since"):
+        assert resolve_model(str(tiny_student)).checksum != before
+
+
+def test_checksums_cached_by_another_method_are_not_reused(tiny_model: Path, fresh_machine: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier version cached file-byte checksums under ``path|size|mtime``: never taken for
+    tensor checksums (and dropped); this method's own entries are reused without hashing."""
+    from vecplug.fsutil import file_sha256
+    from vecplug.indexer import checksums
+    from vecplug.indexer.models import folder_checksum
+
+    weights = tiny_model / "model.safetensors"
+    st = weights.stat()
+    old_key = f"{weights.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    fresh_machine.mkdir(parents=True, exist_ok=True)
+    (fresh_machine / "checksums.json").write_text(json.dumps({old_key: file_sha256(weights)}))
+    expected = checksums.weights_sha256(weights)
+    assert expected != file_sha256(weights)
+    assert folder_checksum(tiny_model) == expected
+    assert old_key not in json.loads((fresh_machine / "checksums.json").read_text())
+    monkeypatch.setattr(checksums, "weights_sha256", lambda path: pytest.fail(f"{path} hashed again"))
+    assert folder_checksum(tiny_model) == expected
+
+
+def test_default_prefixes_go_by_the_folders_name_not_the_spec(tiny_model: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vecplug index --model .`` in an E5 folder gets E5's prefixes, as its full path does."""
+    from vecplug.indexer import models
+
+    folder = tmp_path / "my-e5-model"
+    shutil.copytree(tiny_model, folder)
+    monkeypatch.chdir(folder)
+    e5 = ("query: ", "passage: ")
+    for spec in (".", "./", str(folder)):
+        info = resolve_model(spec)
+        assert (info.query_prefix, info.document_prefix) == e5, spec
+    # a hub model's folder is a snapshot named by commit: the repository's name decides
+    monkeypatch.setattr(models, "_download", lambda spec: tiny_model)  # "tiny-bert": no E5 in it
+    info = resolve_model("intfloat/multilingual-e5-small@main")
+    assert (info.query_prefix, info.document_prefix) == e5
+    assert resolve_model("org/tiny-bert").query_prefix == ""

@@ -211,8 +211,8 @@ def info_cmd(as_json: bool, **common: Any) -> None:
 
 @cli.command("verify")
 @_index_options
-@click.option("--sample", type=int, default=32, show_default=True,
-              help="Documents to re-encode and compare with their stored vectors.")
+@click.option("--sample", type=click.IntRange(min=0), default=32, show_default=True,
+              help="Documents to re-encode and compare with their stored vectors (0: none).")
 @click.option("--no-encode", is_flag=True, help="Skip re-encoding (no model needed).")
 @_errors
 def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vecplug.config import Settings
-from vecplug.errors import VecplugError
+from vecplug.errors import ConfigError, VecplugError
 
 #: a re-encoded document must be this close (cosine) to its stored vector; batching and
 #: padding move fp32 results a little, a different model or text moves them far
@@ -39,9 +39,12 @@ class VerifyReport:
 
 
 def verify_index(settings: Settings, sample: int = 32, encode: bool = True) -> VerifyReport:
-    """Check the index the settings point at; ``sample`` documents are re-encoded if ``encode``."""
+    """Check the index the settings point at; ``sample`` documents are re-encoded if ``encode``
+    (none with ``sample`` 0)."""
     from vecplug.api import Index, _store_target
 
+    if sample < 0:
+        raise ConfigError(f"the sample of documents to re-encode must be 0 or more, not {sample}")
     report = VerifyReport(str(_store_target(settings)[1]))
     try:
         index = Index.open(settings)
@@ -54,7 +57,9 @@ def verify_index(settings: Settings, sample: int = 32, encode: bool = True) -> V
         ids = _count_check(index.store, report)
         if ids is not None:
             _vector_check(index, ids, report)
-            if encode and ids:
+            if encode and ids and sample == 0:
+                report.checks.append("re-encoding: skipped (a sample of 0 documents)")
+            elif encode and ids:
                 _reencode_check(index, ids, sample, report)
     return report
 

@@ -1,0 +1,41 @@
+"""Model folders on disk: how a student folder is replaced."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def test_saving_over_a_student_keeps_the_old_one_until_the_new_one_is_in(
+        tiny_student: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_student removed the old folder, then renamed the new one in: interrupted between
+    the two, both were lost. Now the old one is renamed aside first and put back."""
+    from vecplug.indexer.encoder import Encoder
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.student import STUDENT_META, STUDENT_WEIGHTS, make_student, save_student
+
+    old = (tiny_student / STUDENT_WEIGHTS).read_bytes()
+    meta = {k: v for k, v in json.loads((tiny_student / STUDENT_META).read_text()).items()
+            if k != "weights_sha256"}
+    new = make_student(Encoder.from_specs(str(tiny_model)).document.model, [0])
+    rename = Path.rename
+
+    def interrupted(self: Path, target: Any) -> Path:
+        if self.name.startswith(".tmp-"):  # the new folder's way in
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "rename", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            save_student(new, tiny_student, meta)
+    assert (tiny_student / STUDENT_WEIGHTS).read_bytes() == old
+    assert resolve_model(str(tiny_student)).teacher is not None
+    assert sorted(p.name for p in tiny_student.parent.iterdir() if p.name.startswith(".")) == []
+
+    save_student(new, tiny_student, meta | {"layers": [0]})
+    assert (tiny_student / STUDENT_WEIGHTS).read_bytes() != old
+    assert json.loads((tiny_student / STUDENT_META).read_text())["layers"] == [0]
+    assert sorted(p.name for p in tiny_student.parent.iterdir() if p.name.startswith(".")) == []
