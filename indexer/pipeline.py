@@ -126,6 +126,13 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
             writer.add([_with_lang(d, lang or lang_code(d.lang) or (detect(d.text) if detect else None))
                         for d in batch])
             bar.update(len(batch))
+        if prune:
+            # reading what to remove can take a while on a large index: an interrupt there
+            # still keeps the documents encoded
+            gone = _stale(store, writer.seen, set(keep_sources() if keep_sources else ()), owns, may_own)
+            writer.writing = True  # from the first removal on: the final commit or nothing
+            remove(store, gone, stats)
+            report.removed = len(gone)
     except KeyboardInterrupt:
         # Ctrl-C mostly lands in the encoder: keep the documents finished so far
         if writer.since_commit and not writer.writing:
@@ -133,9 +140,6 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         raise
     finally:
         bar.close()
-    if prune:
-        report.removed = _prune(store, writer.seen, set(keep_sources() if keep_sources else ()), stats,
-                                owns, may_own)
     wanted = manifest or {}
     if writer.since_commit or report.removed or any(store.manifest.get(k) != v for k, v in wanted.items()):
         writer.commit()
@@ -180,7 +184,8 @@ class _Writer:
         ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
         for d in (d for d, good in zip(todo, ok) if not good):
             self.report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
-                                                         "vector: left out", d.position))
+                                                         "vector: left out (a version already indexed stays)", d.position))
+            self.seen.add(d.id)  # its last good version, if any, is not pruned as deleted
         keep = [d for d, good in zip(todo, ok) if good]
         self.writing = True
         if self.stats is not None:
@@ -247,13 +252,13 @@ def _first_of_each_id(documents: Iterable[Document], problems: list[Problem]) ->
         yield doc
 
 
-def _prune(store: Sink, seen: set[str], keep_sources: set[str], stats: Any,
-           owns: Callable[[Any], bool] | None, may_own: Callable[[str], bool] | None) -> int:
+def _stale(store: Sink, seen: set[str], keep_sources: set[str], owns: Callable[[Any], bool] | None,
+           may_own: Callable[[str], bool] | None) -> list[Any]:
+    """The records a pruning run removes: the source's (``owns``) that the run did not see,
+    but for those of sources it could not read (``keep_sources``)."""
     stale = [rid for rid in store.ids() if rid not in seen and (may_own is None or may_own(rid))]
-    gone = [r for i in range(0, len(stale), PRUNE_BATCH) for r in store.get(stale[i:i + PRUNE_BATCH])
+    return [r for i in range(0, len(stale), PRUNE_BATCH) for r in store.get(stale[i:i + PRUNE_BATCH])
             if not kept(r.source, keep_sources) and (owns is None or owns(r))]
-    remove(store, gone, stats)
-    return len(gone)
 
 
 def kept(source: str, keep: Collection[str]) -> bool:

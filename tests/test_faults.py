@@ -804,3 +804,91 @@ def test_ctrl_c_while_encoding_commits_the_finished_documents(tmp_path: Path, st
     store = cls.open(str(tmp_path / "idx2"), {})
     assert store.count() == 0
     store.close()
+
+
+@pytest.mark.parametrize("store_name", STORES)
+def test_ctrl_c_while_reading_what_to_prune_commits_the_encoded_documents(tmp_path: Path, store_name: str) -> None:
+    """A pruning run stages its documents until the final commit; Ctrl-C while it reads the
+    index for what to remove (a long scan on a large one) lost them all."""
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import Record
+    from vecplug.indexer import pipeline
+    from vecplug.types import Document
+
+    cls = get_store_class(store_name)
+    docs = [Document(f"d{i}", f"word{i} shared river", "s.txt", i, "en") for i in range(40)]
+    store = cls.create(str(tmp_path / "idx"), 16, {"dim": 16}, {})
+
+    def interrupted_ids() -> Any:
+        raise KeyboardInterrupt
+
+    store.ids = interrupted_ids  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(docs, FakeEncoder(16), store, Record.from_document, None, batch_size=10,
+                     commit_every=1000, progress=False, stats=LanguageStats(16), prune=True)
+    store.close()
+    store = cls.open(str(tmp_path / "idx"), {})
+    assert store.count() == 40 and LanguageStats.from_manifest(store.manifest).counts == {"en": 40}
+    store.close()
+
+
+def test_a_document_whose_vector_turns_bad_keeps_its_last_version(tmp_path: Path) -> None:
+    """Edited so that it encodes to NaN, a document is reported and left out; a pruning run
+    removed its good version too, and counted it as removed."""
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import Record
+    from vecplug.indexer import pipeline
+    from vecplug.types import Document
+
+    class NanFor(FakeEncoder):
+        def encode_documents(self, texts: list[str], progress: bool | None = None) -> np.ndarray:
+            out = super().encode_documents(texts, progress)
+            out[[i for i, t in enumerate(texts) if "broken" in t]] = np.nan
+            return out
+
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), 16, {"dim": 16}, {})
+    docs = [Document(f"d{i}", f"word{i} shared river", "s.txt", i, "en") for i in range(4)]
+    pipeline.run(docs, FakeEncoder(16), store, Record.from_document, None, progress=False,
+                 stats=LanguageStats(16), prune=True)
+    docs[2] = Document("d2", "word2 broken now", "s.txt", 2, "en")
+    report = pipeline.run(docs, NanFor(16), store, Record.from_document, None, progress=False,
+                          stats=LanguageStats.from_manifest(store.manifest), prune=True)
+    assert (report.documents, report.unchanged, report.removed) == (0, 3, 0)
+    assert [p.reason for p in report.problems] == [
+        "document d2 gave a non-finite or zero vector: left out (a version already indexed stays)"]
+    assert store.get(["d2"])[0].text == "word2 shared river"
+    store.close()
+
+
+def test_statistics_that_miss_points_a_server_run_wrote_are_fitted_again(tmp_path: Path) -> None:
+    """A Qdrant server takes each batch's points at once (nothing staged): a run killed in the
+    middle of one left points that its language statistics never took in, and the next runs
+    saw them as unchanged. An Index opened on it fits the statistics to the points again."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    import vecplug
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import Record
+    from vecplug.api import Index
+    from vecplug.indexer import pipeline
+    from vecplug.types import Document
+
+    options = {"client": qdrant_client.QdrantClient(":memory:"), "collection": "docs"}
+    store = get_store_class("qdrant").create("client://", 16, {"dim": 16}, options)
+    docs = [Document(f"d{i}", f"word{i} shared river", "s.txt", i, "en") for i in range(40)]
+    upsert, calls = store.upsert, []
+
+    def interrupted_upsert(records: Any, vectors: Any) -> None:
+        calls.append(1)
+        upsert(records[:4] if len(calls) == 3 else records, vectors[:4] if len(calls) == 3 else vectors)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    store.upsert = interrupted_upsert  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(docs, FakeEncoder(16), store, Record.from_document, None, batch_size=10,
+                     commit_every=10, progress=False, stats=LanguageStats(16))
+    store.upsert = upsert  # type: ignore[method-assign]
+    assert store.count() == 24 and LanguageStats.from_manifest(store.manifest).counts == {"en": 20}
+    index = Index(vecplug.load_settings(), store, writable=True)
+    assert index.language_stats.counts == {"en": 24}
+    assert LanguageStats.from_manifest(store.manifest).counts == {"en": 24}  # and recorded

@@ -480,12 +480,14 @@ class Index:
     @property
     def language_stats(self) -> Any:
         """Per-language sums of document vectors (from the manifest; recomputed from the stored
-        vectors for an index written before vecplug kept them)."""
+        vectors when it has none, an index written before vecplug kept them, or when they
+        count other documents than the store holds: a Qdrant server writes each batch through
+        at once, so a run killed in the middle of one left points its statistics never took in)."""
         if self._stats is None:
             from vecplug.adapters.bias import LanguageStats
 
             stats = LanguageStats.from_manifest(self.manifest)
-            if stats is None:
+            if stats is None or sum(stats.counts.values()) != self.store.count():
                 stats = LanguageStats.fit(self.store)
                 if self.writable:
                     self.store.commit(stats.to_manifest())
