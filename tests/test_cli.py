@@ -244,6 +244,28 @@ def test_verify_sample_of_zero_skips_reencoding_and_a_negative_one_is_refused(co
         verify_index(load_settings(), sample=-1)
 
 
+def test_verify_names_the_first_five_bad_vectors_then_counts() -> None:
+    """The count went up by a whole batch before the names were listed: six bad vectors in one
+    batch named none of them."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from vecplug.types import Document
+    from vecplug.verify import VerifyReport, _vector_check
+
+    ids = [f"d{i}" for i in range(8)]
+    vectors = np.eye(8, 4, dtype=np.float32) * 2  # not unit length...
+    vectors[6:] = [0.5, 0.5, 0.5, 0.5]  # ...but the last two
+    store = SimpleNamespace(dim=4, manifest={},
+                            get=lambda part: [Document(i, "text", "src", 0, "en") for i in part],
+                            vectors=lambda part: vectors[[ids.index(i) for i in part]])
+    report = VerifyReport("idx")
+    _vector_check(SimpleNamespace(store=store), ids, report)
+    assert report.problems == [f"document d{i}: vector is not finite or not of unit length" for i in range(5)] + [
+        "... 6 such documents in all"]
+
+
 def test_language_codes_from_flags_are_normalised(corpus: Path, tiny_model: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     run("index", str(corpus), "--model", str(tiny_model), "-q")

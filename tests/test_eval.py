@@ -666,3 +666,10 @@ def test_cli_eval_xquad_r_real_model(tmp_path: Path, built_me5: Path) -> None:
     assert 0.3 < by_mode["mono"]["overall"]["mrr@10"] <= 1
     assert by_mode["xy"]["bias"]["expected_same_lang"] == pytest.approx(0.5)  # two languages pooled
     assert (tmp_path / "out" / "heatmap-xy-default-query-encoder.svg").is_file()
+
+
+def test_a_one_character_right_aligned_column_still_has_a_dash() -> None:
+    """GitHub reads a separator cell only with a dash in it: ``:`` alone broke the table."""
+    from vecplug.report import markdown_table
+
+    assert markdown_table(["lang", "n"], [["de", 3]]).splitlines()[1] == "| ---- | -: |"

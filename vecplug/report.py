@@ -88,7 +88,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
         return "| " + " | ".join(c.ljust(w) if a == "l" else c.rjust(w)
                                  for c, w, a in zip(row, widths, align)) + " |"
 
-    sep = "| " + " | ".join(("-" * (w - 1) + ":") if a == "r" else "-" * w
+    # at least one dash a cell: GitHub does not read ":" alone as a separator (a 1-wide column)
+    sep = "| " + " | ".join(("-" * max(w - 1, 1) + ":") if a == "r" else "-" * w
                             for w, a in zip(widths, align)) + " |"
     return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
 

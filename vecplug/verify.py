@@ -95,9 +95,9 @@ def _vector_check(index: Any, ids: list[str], report: VerifyReport) -> None:
         vectors = store.vectors([r.id for r in records])
         norms = np.linalg.norm(vectors, axis=1)
         wrong = ~np.isfinite(vectors).all(axis=1) | (np.abs(norms - 1) > 1e-3)
-        bad += int(wrong.sum())
         for r in (r for r, w in zip(records, wrong) if w):
-            if bad <= 5:
+            bad += 1
+            if bad <= 5:  # the first five by name, then the count
                 report.problems.append(f"document {r.id}: vector is not finite or not of unit length")
         fitted.add([r.lang for r in records], vectors)
     report.checks.append("vectors: finite, unit length")
