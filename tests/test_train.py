@@ -128,6 +128,12 @@ def _weights(folder: Path) -> dict[str, np.ndarray]:
     return load_file(str(folder / "model.safetensors"))
 
 
+def _assert_same_weights(one: Path, two: Path) -> None:
+    a, b = _weights(one), _weights(two)
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
+
+
 def test_bi_encoder_trains_writes_a_model_vecplug_uses_and_records_it(tmp_path: Path, tiny_model: Path) -> None:
     from vecplug.indexer.encoder import TextEncoder
     from vecplug.indexer.models import resolve_model
@@ -177,9 +183,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path: Path, tiny_mod
     assert run_training(two, progress=False, stop_after=2) is None
     resumed = run_training(two, progress=False)
     assert resumed.resumed_at == 5 and resumed.losses == straight.losses
-    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
-    for k in a:
-        np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
+    _assert_same_weights(tmp_path / "one", tmp_path / "two")
 
 
 def test_query_data_with_uneven_negatives_trains_and_resumes_to_the_same_weights(tmp_path: Path,
@@ -210,9 +214,7 @@ def test_query_data_with_uneven_negatives_trains_and_resumes_to_the_same_weights
     assert run_training(two, progress=False, stop_after=2) is None
     resumed = run_training(two, progress=False)
     assert resumed.resumed_at == 2 and resumed.losses == straight.losses
-    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
-    for k in a:
-        np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
+    _assert_same_weights(tmp_path / "one", tmp_path / "two")
 
 
 def test_output_holding_something_else_is_refused(tmp_path: Path, tiny_model: Path) -> None:
