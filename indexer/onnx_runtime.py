@@ -3,8 +3,9 @@
 On this machine's CPU, ONNX Runtime runs the shipped query student about twice as fast as torch
 at identical vectors, and its int8 kernels faster again (figures in the README,
 ``benchmarks/query_latency.py``). The graph is exported from the loaded torch model on first
-use and cached under ``$VECPLUG_HOME/onnx``, keyed by the model's checksum, the quantisation,
-the recipe and the ONNX Runtime version, so a later process only opens the file.
+use and cached under ``$VECPLUG_HOME/onnx``, keyed by the model's checksum, its config (and a
+calibrated recipe's prefixes: :func:`shape_key`), the quantisation, the recipe and the ONNX
+Runtime version, so a later process only opens the file.
 
 What goes into the graph: the layers, from the token embeddings to the mean-pooled vector. The
 vocabulary table stays outside, in torch (one lookup per batch): it is most of a multilingual
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,12 +28,16 @@ from typing import Any
 import numpy as np
 
 from vecplug.errors import ConfigError, MissingDependencyError, ModelError
+from vecplug.fsutil import fsync_path
+
+log = logging.getLogger(__name__)
 
 #: Bump when the export, the fusion or the quantisation below changes: cached graphs of an
 #: older recipe are then rebuilt instead of reused. 3: ``int8-query`` for students' queries.
 #: 4: residual additions and layer norms left unfused (:data:`UNFUSED`). 5: the documents'
-#: ``int8`` recipe of version 2 (:data:`DOCUMENT_INT8_VERSION`).
-RECIPE = 5
+#: ``int8`` recipe of version 2 (:data:`DOCUMENT_INT8_VERSION`). 6: the key covers the config
+#: and the calibration's prefixes (:func:`shape_key`); older entries may hold another config's graph.
+RECIPE = 6
 #: ORT fusions vecplug leaves out, in the graph and in the session. ORT's CPU kernel for
 #: SkipLayerNormalization (residual add + layer norm in one op) is several times slower here
 #: than the add and the layer norm it replaces (onnxruntime 1.32, AVX2); unfused, the same
@@ -68,6 +74,10 @@ DOCUMENT_INT8_RECIPES: dict[int, str] = {1: "int8-v1", 2: "int8"}
 SMOOTH_ALPHA = 0.75
 #: (embeddings, mask) batches, the graph's inputs: what the int8 recipe calibrates on
 Feeds = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
+#: config entries that do not shape the graph but differ between loads of one folder or between
+#: transformers versions (besides the private ``_``-named ones, e.g. ``_name_or_path``: the
+#: folder's path): the library's version and the dtype's two names (``torch_dtype``, now ``dtype``)
+VOLATILE_CONFIG = frozenset({"transformers_version", "torch_dtype", "dtype"})
 
 
 def require_onnxruntime() -> Any:
@@ -80,12 +90,36 @@ def require_onnxruntime() -> Any:
     return onnxruntime
 
 
-def cache_path(cache: Path, checksum: str, quantize: str | None) -> Path:
-    """Where the graph for a model (by its weights' checksum) and a quantisation is cached."""
+def cache_path(cache: Path, checksum: str, quantize: str | None, shape: str = "") -> Path:
+    """Where the graph for a model (by its weights' checksum and its :func:`shape_key`
+    ``shape``) and a quantisation is cached."""
     ort = require_onnxruntime()
-    key = f"{checksum}|{quantize or 'fp32'}|recipe{RECIPE}|opset{OPSET}|ort{ort.__version__}"
+    key = f"{checksum}|{shape}|{quantize or 'fp32'}|recipe{RECIPE}|opset{OPSET}|ort{ort.__version__}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return cache / f"{checksum[:12]}-{quantize or 'fp32'}-{digest}.onnx"
+
+
+def shape_key(model: Any, quantize: str | None, prefixes: Sequence[str] = ()) -> str:
+    """A short hash of what shapes the graph besides the weights' checksum: ``model``'s config
+    (the same weights with another number of heads, activation or layer norm epsilon export
+    another function) and, for a recipe that smooths, the ``prefixes`` its calibration texts
+    are encoded with (a folder without ``vecplug.json`` takes them from its name)."""
+    config = _stable_config(model.config.to_dict())
+    smoothed = bool(INT8_RECIPES.get(quantize or "", {}).get("smooth"))
+    body = {"config": config, "calibration": list(prefixes) if smoothed else None}
+    # default=str: a config may hold values JSON has no type for (a torch dtype)
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _stable_config(value: Any) -> Any:
+    """``value`` (a config's ``to_dict()``) without :data:`VOLATILE_CONFIG` and private entries,
+    also in nested configs: the same for every load of one folder."""
+    if isinstance(value, dict):
+        return {k: _stable_config(v) for k, v in value.items()
+                if not str(k).startswith("_") and k not in VOLATILE_CONFIG}
+    if isinstance(value, (list, tuple)):
+        return [_stable_config(v) for v in value]
+    return value
 
 
 def calibration_texts() -> list[str]:
@@ -114,7 +148,10 @@ def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds
             quantize_recipe(fused, final, recipe, calibration)
         # a session must open it before it takes the cache's name
         ort.InferenceSession(str(final), providers=["CPUExecutionProvider"])
+        # on disk before the rename: else a crash can leave an empty file under the final name
+        fsync_path(final)
         os.replace(final, path)
+    fsync_path(path.parent)  # the rename itself
     return path
 
 
@@ -370,10 +407,22 @@ class OnnxLayers:
 
 
 def load_layers(model: Any, checksum: str, quantize: str | None, cache: Path,
-                threads: int | None = None, calibration: Feeds | None = None) -> OnnxLayers:
+                threads: int | None = None, calibration: Feeds | None = None,
+                prefixes: Sequence[str] = ()) -> OnnxLayers:
     """The model's layers as an ORT session, exported (and quantised, calibrated on
-    ``calibration``'s inputs) on first use."""
-    path = cache_path(cache, checksum, quantize)
-    if not path.is_file():
-        build_graph(model, path, quantize, calibration)
-    return OnnxLayers(path, threads)
+    ``calibration``'s inputs) on first use; a cached graph ORT cannot open is built again.
+    ``prefixes``: those ``calibration`` encodes its texts with (part of the cache key)."""
+    path = cache_path(cache, checksum, quantize, shape_key(model, quantize, prefixes))
+    if path.is_file():
+        try:
+            return OnnxLayers(path, threads)
+        except Exception as exc:  # ORT's errors share no base class below Exception
+            # damaged (a crash before its rename was durable, a full disk): replace it, once
+            log.warning("cached ONNX graph %s cannot be loaded (%s); building it again", path, exc)
+            path.unlink(missing_ok=True)
+    build_graph(model, path, quantize, calibration)
+    try:
+        return OnnxLayers(path, threads)
+    except Exception as exc:
+        raise ModelError(f"cannot load the ONNX graph built for {type(model).__name__} "
+                         f"at {path}: {exc}") from exc

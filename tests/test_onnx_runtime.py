@@ -367,3 +367,90 @@ def test_load_encoder_takes_the_runtime(tiny_model: Path) -> None:
     assert encoder.describe()["runtime"] == "onnx"
     np.testing.assert_allclose(encoder.encode_queries(TEXTS),
                                Encoder.from_specs(str(tiny_model)).encode_queries(TEXTS), atol=1e-5)
+
+
+def _copy_model(src: Path, folder: Path, **config: Any) -> Path:
+    """``src``'s files (the same weights, so the same checksum) with ``config`` entries changed."""
+    import json
+    import shutil
+
+    shutil.copytree(src, folder)
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    return folder
+
+
+def test_a_graph_is_cached_per_config_not_only_per_weights(tiny_model: Path, tmp_path: Path,
+                                                           fresh_machine: Path) -> None:
+    """The same weights under another config (activation, heads) are another function: each
+    model gets its own graph, and its own vectors, not the first one's cached graph."""
+    from vecplug.indexer.models import resolve_model
+
+    other = _copy_model(tiny_model, tmp_path / "tiny-relu", hidden_act="relu", num_attention_heads=4)
+    assert resolve_model(str(other)).checksum == resolve_model(str(tiny_model)).checksum
+    for folder in (tiny_model, other):
+        expected = Encoder.from_specs(str(folder)).encode_documents(TEXTS)
+        got = Encoder.from_specs(str(folder), runtime="onnx").encode_documents(TEXTS)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert len(_graphs(fresh_machine)) == 2
+    # the key holds what shapes the graph, not where the folder is or which library wrote it
+    again = _copy_model(tiny_model, tmp_path / "tiny-copy", transformers_version="0.0.1")
+    Encoder.from_specs(str(again), runtime="onnx").encode_documents(TEXTS)
+    assert len(_graphs(fresh_machine)) == 2
+
+
+def test_a_smoothed_int8_graph_is_cached_per_calibration_prefixes(tiny_model: Path, tmp_path: Path,
+                                                                  fresh_machine: Path) -> None:
+    """A folder named like an E5 model encodes the calibration texts with E5's prefixes: its
+    smoothed int8 graph is calibrated on other inputs, so it is another cache entry; the float
+    graph does not depend on them and is shared."""
+    e5 = _copy_model(tiny_model, tmp_path / "tiny-e5")
+    for folder in (tiny_model, e5):
+        Encoder.from_specs(str(folder), runtime="onnx", document_quantize="int8").encode_documents(TEXTS)
+        Encoder.from_specs(str(folder), runtime="onnx").encode_documents(TEXTS)
+    names = [p.name for p in _graphs(fresh_machine)]
+    assert sum("-int8-" in n for n in names) == 2 and sum("-fp32-" in n for n in names) == 1
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x08garbage, not a graph"])
+def test_a_damaged_cached_graph_is_built_again(tiny_model: Path, fresh_machine: Path, damage: bytes,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty or garbage file under the cache's name (a crash before the rename was durable)
+    is replaced by a new export, not an ORT error on every run."""
+    expected = Encoder.from_specs(str(tiny_model)).encode_documents(TEXTS)
+    Encoder.from_specs(str(tiny_model), runtime="onnx").encode_documents(TEXTS)
+    (path,) = _graphs(fresh_machine)
+    path.write_bytes(damage)
+    again = Encoder.from_specs(str(tiny_model), runtime="onnx")
+    np.testing.assert_allclose(again.encode_documents(TEXTS), expected, atol=1e-5)
+    assert _graphs(fresh_machine) == [path] and path.stat().st_size > 1000
+
+    # rebuilt once: a build that gives a graph ORT cannot open either is an error, named
+    def still_broken(model: Any, target: Path, *args: object) -> Path:
+        target.write_bytes(damage)
+        return target
+
+    path.write_bytes(damage)
+    monkeypatch.setattr(onnx_runtime, "build_graph", still_broken)
+    with pytest.raises(ModelError, match="cannot load the ONNX graph built for BertModel"):
+        Encoder.from_specs(str(tiny_model), runtime="onnx").encode_documents(TEXTS)
+
+
+def test_a_built_graph_is_durable_before_it_takes_the_cache_name(tiny_model: Path, fresh_machine: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph's bytes are fsynced before the rename, and the folder after it: a crash leaves
+    the complete file or none, never an empty one under the final name."""
+    synced: list[tuple[Path, bool]] = []
+    real = onnx_runtime.fsync_path
+    cache = fresh_machine / "onnx"
+
+    def record(path: Path) -> None:
+        synced.append((Path(path), any(cache.glob("*.onnx"))))
+        real(path)
+
+    monkeypatch.setattr(onnx_runtime, "fsync_path", record)
+    Encoder.from_specs(str(tiny_model), runtime="onnx").encode_documents(TEXTS)
+    (graph,) = _graphs(fresh_machine)
+    (built, renamed_yet), (folder, renamed) = synced
+    assert built.parent.name.startswith(".export-") and built.suffix == ".onnx" and not renamed_yet
+    assert folder == cache and renamed
