@@ -43,7 +43,9 @@ JSONL/CSV: one enormous line under the limit   read as one record (records are n
 JSONL: malformed line, not an object           line reported
 JSONL: NaN, Infinity, 1e999 (overflows)        line reported
 JSONL: integer over 4300 digits                line reported (Python's int limit)
-JSONL: nested over ~1000 levels                line reported
+JSONL: integer beyond signed 64 bits           line reported (Qdrant would keep a float)
+JSONL: nested over 64 levels                   line reported (MAX_PAYLOAD_DEPTH; Qdrant's
+                                               engine fails past ~125; ~1000: the parser)
 JSONL: duplicate key in any object             line reported, naming the key ("last wins"
                                                would silently lose data)
 JSONL: ``\u0000`` or lone surrogate escape     line reported (cannot be stored as UTF-8)
@@ -83,7 +85,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vecplug.types import Document, Problem
+from vecplug.types import Document, Problem, unstorable
 
 TEXT_SUFFIXES = (".txt", ".md")
 RECORD_SUFFIXES = (".jsonl", ".csv")
@@ -610,8 +612,12 @@ def _first_duplicate(items: Sequence[str]) -> str | None:
 
 def _bad_value(obj: Any) -> str | None:
     """Why a parsed record cannot be stored (a ``\\u0000`` or a lone surrogate escape in a
-    key or value; a NaN or infinity, which search results as JSON could not carry), or None.
-    Iterative: values nest as deep as the JSON parser allows."""
+    key or value; and what no store keeps as it is, :func:`vecplug.types.unstorable`: nesting
+    deeper than MAX_PAYLOAD_DEPTH, a NaN or infinity, an integer beyond signed 64 bits), or
+    None. Iterative: values nest as deep as the JSON parser allows."""
+    why = unstorable(obj)
+    if why is not None:
+        return why
     stack = [obj]
     while stack:
         item = stack.pop()
@@ -620,8 +626,6 @@ def _bad_value(obj: Any) -> str | None:
             if bad:
                 return ("a string holds \\u0000" if bad.group() == "\x00"
                         else "a string holds a lone surrogate escape (not storable as UTF-8)")
-        elif isinstance(item, float) and not math.isfinite(item):
-            return f"a value is {item}, which JSON cannot carry"
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())

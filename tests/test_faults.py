@@ -671,9 +671,12 @@ def test_qdrant_readers_in_other_processes_follow_a_writer(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_qdrant_killed_readers_leave_no_copies_behind(tmp_path: Path) -> None:
+def test_qdrant_killed_readers_leave_no_copies_behind(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Readers beside a writer each copy the shard; a reader killed with SIGKILL cannot remove
     its copy, and the next reader to open removes it (its owner's lock is gone)."""
+    import tempfile
+
     from vecplug.adapters.stores import Record
     from vecplug.adapters.stores.qdrant import QdrantStore
 
@@ -693,7 +696,8 @@ def test_qdrant_killed_readers_leave_no_copies_behind(tmp_path: Path) -> None:
             r.kill()
             r.wait()
         assert len([p for p in copies.iterdir() if p.is_dir()]) == 3  # nobody removed them
-        reader = QdrantStore.open(index, {"snapshot_dir": str(copies)})  # in this process too
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the children's $TMPDIR
+        reader = QdrantStore.open(index, {})  # in this process too
         try:
             assert reader.count() == 30
             assert len(list(copies.iterdir())) == 2  # its own copy and lock file, nothing else
@@ -892,3 +896,118 @@ def test_statistics_that_miss_points_a_server_run_wrote_are_fitted_again(tmp_pat
     index = Index(vecplug.load_settings(), store, writable=True)
     assert index.language_stats.counts == {"en": 24}
     assert LanguageStats.from_manifest(store.manifest).counts == {"en": 24}  # and recorded
+
+
+def _lang_index_calls(client: Any) -> list[str]:
+    """Record the payload indexes ``client`` is asked to create (local mode keeps none, so its
+    collection info never shows them)."""
+    calls: list[str] = []
+    create = client.create_payload_index
+
+    def recording(collection: str, field: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(field)
+        return create(collection, field, *args, **kwargs)
+
+    client.create_payload_index = recording
+    return calls
+
+
+def test_a_server_collection_is_never_left_without_its_lang_index() -> None:
+    """The language payload index (filters and facets need it) is made before the manifest,
+    so that a collection with our manifest has it: a create killed before the manifest leaves
+    no index (``exists`` False; the next create makes it anew), a retried create_collection
+    that the server had applied is taken as done, and a collection from before this order
+    that lacks the index gets it when opened."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import FORMAT, META_KEY, QdrantStore
+    from vecplug.errors import VecplugError
+
+    def options() -> dict[str, Any]:
+        return {"client": qdrant_client.QdrantClient(":memory:")}
+
+    def works(opts: dict[str, Any]) -> None:
+        store = QdrantStore.open("http://x", opts, writable=True)
+        store.upsert([Record("a", "t", "s", 0, "en")], np.ones((1, 4), np.float32))
+        store.commit()
+        assert store.languages() == {"en": 1} and len(store.search(np.ones(4), 1, ["en"])) == 1
+        store.close()
+
+    # the answer to create_collection is lost after the server made it: the retry says "exists"
+    opts = options()
+    client, create = opts["client"], opts["client"].create_collection
+    calls = _lang_index_calls(client)
+
+    def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        client.create_collection = create
+        create(*args, **kwargs)
+        raise ResponseHandlingException(TimeoutError("read timed out"))
+
+    client.create_collection = answer_lost
+    QdrantStore.create("http://x", 4, {}, opts).close()
+    assert QdrantStore.exists("http://x", opts) and calls == ["lang"]
+    works(opts)
+
+    # killed before the index, or before the manifest: no index there, and a create makes it
+    for step in ("create_payload_index", "update_collection"):
+        opts = options()
+
+        def killed(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        setattr(opts["client"], step, killed)
+        with pytest.raises(KeyboardInterrupt):
+            QdrantStore.create("http://x", 4, {}, opts)
+        delattr(opts["client"], step)
+        assert not QdrantStore.exists("http://x", opts)
+        calls = _lang_index_calls(opts["client"])
+        QdrantStore.create("http://x", 4, {}, opts).close()  # ours, half made: made anew
+        assert calls == ["lang"]
+        works(opts)
+
+    # made before this order: the manifest, and no index; opening makes it
+    opts = options()
+    client = opts["client"]
+    meta = {"format": FORMAT, "dim": 4, "manifest": {"dim": 4}}
+    client.create_collection("vecplug", vectors_config=qdrant_client.models.VectorParams(
+        size=4, distance=qdrant_client.models.Distance.COSINE), metadata={META_KEY: meta})
+    calls = _lang_index_calls(client)
+    QdrantStore.open("http://x", opts).close()
+    assert calls == ["lang"]
+    works(opts)
+
+    # someone else's collection, even one with a key of our name, is never dropped
+    opts = options()
+    opts["client"].create_collection("vecplug", vectors_config=qdrant_client.models.VectorParams(
+        size=4, distance=qdrant_client.models.Distance.COSINE), metadata={META_KEY: {"theirs": 1}})
+    with pytest.raises(VecplugError, match="not a vecplug index"):
+        QdrantStore.create("http://x", 4, {}, opts)
+
+
+def test_a_second_server_writer_cannot_overwrite_the_firsts_manifest() -> None:
+    """A server collection has no writer lock: two writers can open it. A commit that finds
+    the manifest committed by the other since it read it is refused (IndexLockedError), so the
+    other's language statistics are not overwritten; opened again, the writer commits."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore
+    from vecplug.errors import IndexLockedError
+
+    opts = {"client": qdrant_client.QdrantClient(":memory:")}
+    QdrantStore.create("http://x", 4, {"who": "create"}, opts).close()
+    first = QdrantStore.open("http://x", opts, writable=True)
+    second = QdrantStore.open("http://x", opts, writable=True)
+    first.upsert([Record("a", "t", "s", 0, "en")], np.ones((1, 4), np.float32))
+    first.commit({"who": "first"})
+    first.commit({"who": "first again"})  # its own commits follow each other
+    second.upsert([Record("b", "t", "s", 0, "de")], np.ones((1, 4), np.float32))
+    with pytest.raises(IndexLockedError, match="another writer"):
+        second.commit({"who": "second"})
+    assert QdrantStore.open("http://x", opts).manifest["who"] == "first again"
+    second.close()
+    first.close()
+    second = QdrantStore.open("http://x", opts, writable=True)
+    second.commit({"who": "second"})
+    assert QdrantStore.open("http://x", opts).manifest["who"] == "second"

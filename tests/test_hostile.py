@@ -56,6 +56,14 @@ def jsonl(*objs: object) -> str:
     return "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objs)
 
 
+def nest(levels: int) -> object:
+    """A value ``levels`` containers deep (lists around a string)."""
+    value: object = "x"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 def make_fixture(base: Path) -> Path:
     """The hostile corpus, in ``base/corpus``; ``base/outside`` holds what must never be read."""
     root, outside = base / "corpus", base / "outside"
@@ -124,6 +132,10 @@ def make_fixture(base: Path) -> Path:
         '[1, 2]',                                                 # 26
         '{"title": null}',                                        # 27
         {"id": "r28", "text": "last good"},                       # 28
+        {"id": "r29", "text": "too deep", "m": nest(64)},         # 29: 65 levels, the record's
+        {"id": "r30", "text": "deep enough", "m": nest(63)},      # 30: 64 levels: kept
+        '{"id": "r31", "text": "u64", "n": 9223372036854775808}', # 31: past signed 64 bits
+        {"id": "r32", "text": "i64", "n": -2**63, "m": 2**63 - 1},  # 32: kept
     ]
     def raw(r: object) -> bytes:  # bytes and str lines as written; objects as JSON
         if isinstance(r, bytes):
@@ -211,6 +223,8 @@ EXPECTED_PROBLEMS = {
     ("records.jsonl", 23): "digits",
     ("records.jsonl", 26): "must be an object",
     ("records.jsonl", 27): "none of the fields",
+    ("records.jsonl", 29): "nests deeper than 64 levels",
+    ("records.jsonl", 31): "outside signed 64 bits",
     ("huge_line.jsonl", 2): "malformed JSON",
     ("table.csv", 3): "field larger than field limit (1000)",
     ("table.csv", 4): "malformed CSV",
@@ -238,6 +252,7 @@ EXPECTED_IDS = {
     "slow_title.md#0",
     "records.jsonl#r1", "records.jsonl#../../etc/passwd", "records.jsonl#/abs/path",
     "records.jsonl#C:\\win\\path", "records.jsonl#42", "records.jsonl#L24", "records.jsonl#r28",
+    "records.jsonl#r30", "records.jsonl#r32",
     "huge_line.jsonl#h",
     "table.csv#c1", "table.csv#c5", "table.csv#c7", "table.csv#../c8", "table.csv#c9",
     "table.csv#c11",
@@ -483,3 +498,42 @@ def test_walk_order_is_sorted_and_stable(hostile) -> None:
     sources = list(dict.fromkeys(d.source for d in docs))
     top = [s for s in sources if "/" not in s]
     assert top == sorted(top)
+
+
+def test_documents_no_store_can_keep_are_reported_and_the_index_stays_sound(tmp_path: Path) -> None:
+    """A JSONL field nested 126 deep (the JSON parser takes ~1000; embedded Qdrant's engine
+    failed on it after the commit point, and the index never opened again), an integer beyond
+    64 bits, and API documents with the same: each reported by path and line and skipped, the
+    rest indexed, and the index opens."""
+    pytest.importorskip("qdrant_edge")
+    from conftest import FakeEncoder
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore
+    from vecplug.indexer import pipeline
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "a.txt").write_text("river mountain city bread train music")
+    (root / "r.jsonl").write_text(jsonl({"id": "r1", "text": "winter garden", "meta": nest(126)},
+                                        {"id": "r2", "text": "ocean", "n": 12345678901234567890123},
+                                        {"id": "r3", "text": "summer field"}))
+    given = [Document("api#0", "api text", "api.txt", 7, None, {"m": nest(100)}),
+             Document("api#1", "api text two", "api.txt", 8, None, {"n": -2**64}),
+             Document("api#2", "api text three", "api.txt", 9, None, {"n": 2**63 - 1})]
+    reader = CorpusReader(root, words, CorpusOptions())
+    index = str(tmp_path / "index")
+    store = QdrantStore.create(index, 16, {}, {})
+    try:
+        report = pipeline.run([*reader.documents(), *given], FakeEncoder(16), store,
+                              Record.from_document, None, progress=False)
+    finally:
+        store.close()
+    problems = {(p.path, p.line): p.reason for p in [*reader.problems, *report.problems]}
+    assert set(problems) == {("r.jsonl", 1), ("r.jsonl", 2), ("api.txt", 7), ("api.txt", 8)}
+    assert "nests deeper than 64" in problems["r.jsonl", 1] and "64 bits" in problems["r.jsonl", 2]
+    assert "nests deeper than 64" in problems["api.txt", 7] and "64 bits" in problems["api.txt", 8]
+    store = QdrantStore.open(index, {})
+    try:
+        assert sorted(store.ids()) == ["a.txt#0", "api#2", "r.jsonl#r3"]
+    finally:
+        store.close()

@@ -56,8 +56,13 @@ def _follow(reader: QdrantStore, commit: int, timeout: float = 20) -> None:
         time.sleep(0.01)
 
 
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
 def _copies(base: Path) -> list[str]:
-    return sorted(p.name for p in base.iterdir()) if base.exists() else []
+    """What readers given ``snapshot_dir: base`` keep there: in the folder vecplug makes in it."""
+    return _names(base / qdrant_edge.COPIES)
 
 
 def test_a_reader_beside_a_writer_reads_a_checked_copy_and_follows_it(tmp_path: Path) -> None:
@@ -197,26 +202,58 @@ def test_the_writer_lets_a_copy_under_way_finish_within_bounds(
 def test_the_copies_of_dead_readers_are_removed(tmp_path: Path) -> None:
     base = tmp_path / "copies"
     base.mkdir(mode=0o700)
-    (base / "111-dead").mkdir()  # its owner died: its lock file is there, unlocked
-    (base / "111-dead" / "shard").mkdir()
-    (base / "111-dead.lock").touch()
-    (base / "222-orphan").mkdir()  # its owner died while removing it: no lock file
-    (base / "333-alive").mkdir()
-    (base / "333-alive.lock").touch()
+    dead, orphan, alive = (f"vecplug-copy-{pid}-{'ab' * 6}" for pid in (111, 222, 333))
+    (base / dead).mkdir()  # its owner died: its lock file is there, unlocked
+    (base / dead / "shard").mkdir()
+    (base / f"{dead}.lock").touch()
+    (base / orphan).mkdir()  # its owner died while removing it: no lock file
+    (base / alive).mkdir()
+    (base / f"{alive}.lock").touch()
+    # not ours: a file, a folder alone, a folder with an unlocked lock file beside it, and
+    # names that look like a copy's but are not quite one
     (base / "stray.txt").write_text("not ours to remove")
-    fd = os.open(base / "333-alive.lock", os.O_RDWR)
+    (base / "photos").mkdir()
+    (base / "photos" / "cat.jpg").write_text("precious")
+    (base / "build").mkdir()
+    (base / "build.lock").touch()
+    near = ["111-abababababab", "vecplug-copy-1-ABABABABABAB", "vecplug-copy-1-ab",
+            "x-vecplug-copy-1-abababababab"]
+    for name in near:
+        (base / name).mkdir()
+        (base / f"{name}.lock").touch()
+    users = sorted(["stray.txt", "photos", "build", "build.lock", *near, *(f"{n}.lock" for n in near)])
+    fd = os.open(base / f"{alive}.lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # its owner is alive
     try:
         snap = _Snapshot(str(base))
         mine = os.path.basename(snap.dir)
-        assert _copies(base) == sorted(["333-alive", "333-alive.lock", "stray.txt", mine,
-                                        mine + ".lock"])
+        assert _names(base) == sorted([alive, f"{alive}.lock", mine, f"{mine}.lock", *users])
         snap.close()
-        assert _copies(base) == ["333-alive", "333-alive.lock", "stray.txt"]
+        assert _names(base) == sorted([alive, f"{alive}.lock", *users])
     finally:
         os.close(fd)
     _Snapshot(str(base)).close()  # now its owner is gone too
-    assert _copies(base) == ["stray.txt"]
+    assert _names(base) == users
+    assert (base / "photos" / "cat.jpg").read_text() == "precious"
+
+
+def test_readers_copies_go_to_a_folder_of_their_own_in_snapshot_dir(tmp_path: Path) -> None:
+    """``snapshot_dir`` may be any folder of the user's: readers' copies go to
+    ``vecplug-copies/`` in it, and nothing else there is touched (a cleanup once removed every
+    folder it did not know, and a ``build/`` beside an unlocked ``build.lock``)."""
+    loc, big = tmp_path / "idx", tmp_path / "bigdisk"
+    (big / "photos").mkdir(parents=True)
+    (big / "photos" / "cat.jpg").write_text("precious")
+    (big / "build").mkdir()
+    (big / "build.lock").touch()
+    _writer(loc).close()
+    for _ in range(2):  # the second cleans after the first
+        reader = QdrantStore.open(str(loc), {"snapshot_dir": str(big), "snapshot": True})
+        assert reader.count() == 10 and reader._b.snap is not None  # type: ignore[union-attr]
+        assert len(_copies(big)) == 2  # its copy and lock file
+        reader.close()
+    assert _names(big) == ["build", "build.lock", "photos", qdrant_edge.COPIES]
+    assert (big / "photos" / "cat.jpg").read_text() == "precious" and _copies(big) == []
 
 
 def test_a_reader_that_cannot_open_in_place_reads_a_copy(

@@ -384,6 +384,50 @@ def test_undetermined_language_reads_as_none(target: tuple[type, str, dict[str, 
         store.close()
 
 
+def _nested(levels: int) -> Any:
+    """A payload ``levels`` deep: a dict around lists around a string."""
+    value: Any = "x"
+    for _ in range(levels - 1):
+        value = [value]
+    return {"meta": value}
+
+
+def test_payloads_no_store_can_keep_are_refused_before_anything_is_staged(
+        target: tuple[type, str, dict[str, Any]]) -> None:
+    """Every store refuses, at upsert and for the whole batch, a payload that one of them could
+    not keep as it is: embedded Qdrant's engine refused deep nesting and NaN only while applying
+    a commit, after its commit point, and the index never opened again; it turned integers
+    beyond 64 bits into floats. Payloads at the limits are kept exactly, through a reopen."""
+    from vecplug.types import MAX_PAYLOAD_DEPTH, PAYLOAD_INT_RANGE
+
+    cls, location, options = target
+    vecs = unit_vectors(3, DIM, seed=13)
+    lo, hi = PAYLOAD_INT_RANGE
+    edge = {**_nested(MAX_PAYLOAD_DEPTH), "lo": lo, "hi": hi, "big": 1e308, "t": True}
+    kept = Record("kept", "kept", "k.txt", 0, "en", edge)
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    try:
+        store.upsert([kept], vecs[:1])
+        store.commit()
+        for bad in (_nested(MAX_PAYLOAD_DEPTH + 1), _nested(200), {"x": float("nan")},
+                    {"x": [float("-inf")]}, {"x": hi + 1}, {"x": {"y": lo - 1}},
+                    {"x": 12345678901234567890123}):
+            batch = [Record("good", "good", "g.txt", 0, "de"),
+                     Record("bad", "bad", "b.txt", 0, "de", bad)]
+            with pytest.raises(ValueError, match="'bad' cannot be stored"):
+                store.upsert(batch, vecs[1:3])
+            assert store.get(["good", "bad"]) == [] and store.count() == 1  # nothing staged
+        store.commit()
+    finally:
+        store.close()
+    store = cls.open(location, options)
+    try:
+        assert store.get(["kept"]) == [kept] and store.count() == 1
+        assert store.get(["kept"])[0].payload == edge  # exactly: no int became a float
+    finally:
+        store.close()
+
+
 def _reader(target: tuple[type, str, dict[str, Any]], tmp_path: Path) -> Any:
     """A second, read-only store on the index of ``target`` (embedded Qdrant: a private copy,
     the writer has the shard)."""

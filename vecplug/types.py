@@ -1,8 +1,21 @@
 """Shared plain data types. Imports nothing of ours, so every layer can use it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+#: The deepest a document's payload may nest (``{"a": 1}``: 1, ``{"a": [1]}``: 2). Qdrant's
+#: engine refuses a point payload nested deeper than ~125 levels ("recursion limit exceeded"),
+#: and only while applying a commit, after its commit point: such a payload made an embedded
+#: index unopenable. 64 is far below that (a point wraps the payload in two more levels) and
+#: far above what real records need; every store refuses deeper payloads, so all hold the
+#: same documents.
+MAX_PAYLOAD_DEPTH = 64
+#: Integers a payload may hold: signed 64-bit, what Qdrant keeps exactly (beyond it the engine
+#: turns them into floats at commit: 12345678901234567890123 read back as 1.2345678901234568e+22;
+#: gRPC payloads carry int64 only).
+PAYLOAD_INT_RANGE = (-2**63, 2**63 - 1)
 
 #: hnswlib graph defaults, shared by the store and the configuration. ef_search was chosen by
 #: benchmarks/ann_scale.py (README "Speed"): at 100k clustered 384-d vectors, ef 128 finds 98%
@@ -71,3 +84,27 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line is not None else self.path
         return f"{where}: {self.reason}"
+
+
+def unstorable(value: Any) -> str | None:
+    """Why ``value`` (a document's payload, or anything in it) cannot be stored as it is by
+    every store, or None: nesting deeper than :data:`MAX_PAYLOAD_DEPTH`, a NaN or infinite
+    float (JSON cannot carry it; Qdrant's engine refuses it at commit), an integer outside
+    :data:`PAYLOAD_INT_RANGE`. The one check that stores' ``upsert`` and the indexer both
+    apply, so that a document is refused before anything is staged. Iterative: a hostile
+    payload may nest far deeper than Python's recursion limit."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    lo, hi = PAYLOAD_INT_RANGE
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth >= MAX_PAYLOAD_DEPTH:
+                return f"its payload nests deeper than {MAX_PAYLOAD_DEPTH} levels"
+            inner = item.values() if isinstance(item, dict) else item
+            stack.extend((v, depth + 1) for v in inner)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"a value is {item}, which JSON cannot carry"
+        elif isinstance(item, int) and not isinstance(item, bool) and not lo <= item <= hi:
+            return "an integer is outside signed 64 bits, which Qdrant cannot keep exactly"
+    return None

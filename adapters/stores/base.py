@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from vecplug.errors import StorageError
-from vecplug.types import Document
+from vecplug.types import Document, unstorable
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,18 @@ def column_dots(columns: np.ndarray, vector: np.ndarray) -> np.ndarray:
     dimension, which vectorises) instead of a short dot product per row (7,308 x 384:
     0.33 against 0.55-0.63 ms on one core here)."""
     return np.einsum("j,ji->i", vector, columns)
+
+
+def refuse_unstorable(records: Sequence[Record]) -> None:
+    """Raise ValueError naming the first of ``records`` whose payload a store cannot keep as
+    it is (:func:`vecplug.types.unstorable`: too deep, NaN/infinity, an integer beyond 64
+    bits). Stores call it at the top of ``upsert``, before anything of the batch is staged:
+    embedded Qdrant's engine refused such a payload only after the commit point, which left
+    the index unopenable."""
+    for rec in records:
+        why = unstorable(rec.payload)
+        if why is not None:
+            raise ValueError(f"document {rec.id!r} cannot be stored: {why}")
 
 
 def search(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str] | None = None,

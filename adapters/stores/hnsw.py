@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
-                                          column_dots)
+                                          column_dots, refuse_unstorable)
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -697,6 +697,7 @@ class HnswStore(VectorStore):
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if vectors.shape != (len(records), self.dim):
             raise ValueError(f"expected vectors of shape ({len(records)}, {self.dim}), got {vectors.shape}")
+        refuse_unstorable(records)  # what Qdrant cannot keep, no store keeps: all hold the same
         if not len(records):
             return
         with self._mutex:

@@ -23,7 +23,14 @@ once and :meth:`QdrantStore.commit` only replaces the manifest. A server cannot 
 atomically across points: a client that dies mid-run leaves the writes it made (part of a
 batch, writes after the last commit) in the collection, under the previous manifest. A reader
 sees points as they are written, and reads the manifest again (a round trip carrying the
-language statistics) at most every :data:`SERVER_FOLLOW` seconds.
+language statistics) at most every :data:`SERVER_FOLLOW` seconds. A server collection has no
+writer lock: running one writer at a time is the user's to ensure. Each commit saves the
+manifest with a new random ``commit`` id, after checking that the id there is still the one
+this writer last read or saved; if another writer committed meanwhile, the commit raises
+IndexLockedError rather than overwrite that writer's manifest (a check, not a lock: two
+commits at the same instant can both pass it). ``create`` makes the collection marked as
+being made (no manifest: it does not exist yet for vecplug), then the ``lang`` payload index,
+then writes the manifest; an open that finds the index missing makes it.
 
 Embedded mode keeps the base contract (an index opens as exactly some committed state) with a
 redo log. Upserts and deletes are staged in memory (at most one commit's worth: the indexing
@@ -93,13 +100,15 @@ stray errors). What is checked, when:
 * :meth:`QdrantStore.verify` checks the manifest and every file whatever the stamp says, then
   reads every point (its id derives from its ``_id``, its vector is finite) and the count.
 
-One writer, many readers. A second writer fails at once (:class:`~vecplug.errors.IndexLockedError`).
+One writer, many readers. A second writer of a folder fails at once
+(:class:`~vecplug.errors.IndexLockedError`; a server collection has no lock, see above).
 A reader (``writable=False``) that cannot open the shard in place (another process has it, the
 folder is read-only, or the disk is too full for the engine, which writes as it opens) reads a
 private copy of the last commit instead:
 
-* the files of the manifest's record are copied, holes kept, under ``options["snapshot_dir"]``
-  (default ``$TMPDIR/vecplug-qdrant-<uid>``, a folder of the user's own), each hashed as it is
+* the files of the manifest's record are copied, holes kept, into ``vecplug-copies/`` in
+  ``options["snapshot_dir"]``, by default into ``$TMPDIR/vecplug-qdrant-<uid>`` (either a
+  folder of the user's own, made by vecplug), each hashed as it is
   read and compared with its digest; a copy that a commit spoiled (or a ``pending.redo``
   without the locks below) is taken again, with backoff, for up to ``options["snapshot_wait"]``
   seconds (30), then IndexLockedError. The reader's own engine loads the copy, so every answer
@@ -114,9 +123,10 @@ private copy of the last commit instead:
   shared, which the writer takes before each change, so that waiting readers get their copy
   between two commits however fast it commits (flock has no queue). Correctness rests on the
   digests alone: a writer that stops waiting spoils a copy, and the copy is taken again;
-* a copy lives in ``<token>/`` beside ``<token>.lock``, which its reader holds (flock) until it
-  removes both at ``close``; a reader killed before that leaves them, and the next copy taken
-  under the same folder removes them (their lock is free), so they never pile up.
+* a copy lives in ``vecplug-copy-<pid>-<random>/`` beside its ``.lock`` file, which its reader
+  holds (flock) until it removes both at ``close``; a reader killed before that leaves them,
+  and the next copy taken under the same folder removes them (their lock is free), so they
+  never pile up. Cleaning touches only entries named so, never anything else in the folder.
 
 With ``options["snapshot"]`` true, every reader reads a copy, even when the shard is free (it
 first finishes a commit or a settle in place): a long-lived reader then never keeps a writer
@@ -167,18 +177,19 @@ from __future__ import annotations
 
 import copy
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from vecplug.adapters.stores.base import Record, StoreHit, VectorStore
+from vecplug.adapters.stores.base import Record, StoreHit, VectorStore, refuse_unstorable
 from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, _dense, _Edge, _point_id,
                                                  full_scan_threshold, search_params)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
-from vecplug.errors import (CorruptIndexError, IndexNotFoundError, MissingDependencyError,
-                             VecplugError)
+from vecplug.errors import (CorruptIndexError, IndexLockedError, IndexNotFoundError,
+                             MissingDependencyError, VecplugError)
 from vecplug.fsutil import atomic_write_bytes, storage_error
 
 __all__ = ["QdrantStore", "REDO"]
@@ -253,6 +264,7 @@ class _Server:
         self.location = location
         self.where = f"collection '{self.name}' at {location}"
         self.owned = options.get("client") is None  # never close a caller's client
+        self.info: Any = None  # the collection's info as :meth:`meta` last read it
         self.acorn = bool(options.get("acorn", True))  # for large filters: see search_params
         # an unreachable server: the client's version check (a thread of its own, so no
         # catch_warnings here can catch it) warns that it cannot get the version, next to our
@@ -270,23 +282,58 @@ class _Server:
         """``fn(*args, **kwargs)`` with :func:`_retry`, naming this server if it is unreachable."""
         return _retry(fn, *args, where=self.location, **kwargs)
 
-    def meta(self) -> dict[str, Any] | None:
-        """Our metadata entry; None when the collection or the entry is absent."""
+    def _entry(self) -> tuple[Any, Any]:
+        """The collection's info and our metadata entry in it as it is, or (None, None) when
+        there is no collection."""
         if not self._call(self.client.collection_exists, self.name):
-            return None
-        meta = (self._call(self.client.get_collection, self.name).config.metadata or {}).get(META_KEY)
+            return None, None
+        info = self._call(self.client.get_collection, self.name)
+        return info, (info.config.metadata or {}).get(META_KEY)
+
+    def meta(self) -> dict[str, Any] | None:
+        """Our manifest entry; None when the collection or the entry is absent, or the
+        collection is still being made (:meth:`create`). Keeps the collection's info for
+        :meth:`ensure_index`."""
+        self.info, meta = self._entry()
         return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
 
-    def create(self, dim: int, meta: dict[str, Any]) -> None:
-        if self._call(self.client.collection_exists, self.name):
-            if self.meta() is None:  # someone else's collection: never drop it
+    def create(self, dim: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """Make the collection anew and return ``meta`` as saved (with its commit id). In an
+        order that a crash or a retry at any step cannot turn into an index without its
+        ``lang`` payload index: the collection first, marked with a token of this call but no
+        manifest (:meth:`meta` says none, so ``exists`` is False and a later ``create`` makes it
+        again), then the payload index, then the manifest. A retried ``create_collection`` that
+        the server had applied (its answer lost) fails with "already exists": the collection
+        with our token is the one just made."""
+        mark = {"creating": uuid.uuid4().hex}
+        info, entry = self._entry()
+        if info is not None:
+            ours = isinstance(entry, dict) and (entry.get("format") == FORMAT
+                                                or set(entry) == {"creating"})  # half made
+            if not ours:  # someone else's collection: never drop it
                 raise VecplugError(f"{self.where} exists and is not a vecplug index")
             self._call(self.client.delete_collection, self.name)
-        # a filter matching few vectors is searched exactly, as in the embedded store; a server
-        # keeps its other HNSW defaults
-        self._call(self.client.create_collection, self.name, metadata={META_KEY: meta},
-                   vectors_config=self.m.VectorParams(size=dim, distance=self.m.Distance.COSINE),
-                   hnsw_config=self.m.HnswConfigDiff(full_scan_threshold=full_scan_threshold(dim)))
+        try:
+            # a filter matching few vectors is searched exactly, as in the embedded store; a
+            # server keeps its other HNSW defaults
+            self._call(self.client.create_collection, self.name, metadata={META_KEY: mark},
+                       vectors_config=self.m.VectorParams(size=dim, distance=self.m.Distance.COSINE),
+                       hnsw_config=self.m.HnswConfigDiff(full_scan_threshold=full_scan_threshold(dim)))
+        except Exception:
+            if self._entry()[1] != mark:
+                raise
+        self.ensure_index()
+        saved = {**meta, "commit": uuid.uuid4().hex}
+        self.save_meta(saved)  # the last step: from here on the index exists
+        return saved
+
+    def ensure_index(self, info: Any = None) -> None:
+        """Create the payload index on ``lang`` (which language filters and facets need) unless
+        the collection ``info`` shows it: collections made before :meth:`create` wrote the
+        manifest last could be left without one. Idempotent on the server; local mode keeps no
+        payload indexes and shows none, so there it is asked for at each open (a no-op)."""
+        if info is not None and "lang" in (getattr(info, "payload_schema", None) or {}):
+            return
         with warnings.catch_warnings():  # local mode warns that payload indexes are no-ops
             warnings.simplefilter("ignore")
             self._call(self.client.create_payload_index, self.name, "lang",
@@ -330,8 +377,26 @@ class _Server:
         hits = self._call(self.client.facet, self.name, "lang", limit=100_000, exact=True).hits
         return {str(h.value): int(h.count) for h in hits}
 
-    def commit(self, meta: dict[str, Any]) -> None:
-        self.save_meta(meta)  # every write was already acknowledged with wait=True
+    def commit(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Replace the manifest (every write was already acknowledged with ``wait=True``) and
+        return it as saved, with a new commit id. A server collection has no writer lock: if
+        the manifest there is no longer the one ``meta`` follows (another writer committed, or
+        made the collection anew, since), this raises IndexLockedError instead of overwriting
+        that writer's manifest and language statistics. A check, not a lock: two commits at
+        the same instant can still both pass it."""
+        current = self.meta()
+        if current is None:
+            raise IndexNotFoundError(f"{self.where} is gone or holds no vecplug manifest now")
+        if current.get("commit") != meta.get("commit"):
+            raise IndexLockedError(
+                f"{self.where} was committed to by another writer since this one opened it (a "
+                "Qdrant server collection has no writer lock: run one writer at a time). This "
+                "commit is refused so as not to overwrite that writer's manifest; the documents "
+                "this one wrote are in the collection, and opening the index for writing again "
+                "(vecplug index) fits the language statistics to them")
+        saved = {**meta, "commit": uuid.uuid4().hex}
+        self.save_meta(saved)
+        return saved
 
     def verify(self, rows: bool, dim: int) -> list[str]:
         """What a client can check: the collection is there, is ours, and has our dimension
@@ -386,19 +451,38 @@ class QdrantStore(VectorStore):
             store["collection"] = b.name
         manifest = {**copy.deepcopy(manifest), "dim": int(dim), "store": store}
         meta = {"format": FORMAT, "dim": int(dim), "manifest": manifest}
-        b.create(int(dim), meta)
+        if isinstance(b, _Server):
+            meta = b.create(int(dim), meta)  # as saved: with the id a commit checks (_Server.commit)
+        else:
+            b.create(int(dim), meta)
         return cls(b, meta, writable=True)
 
     @classmethod
     def open(cls, location: str, options: dict[str, Any], writable: bool = False) -> "QdrantStore":
         b = cls._backend(location, options)
         meta = cls._checked(b, b.meta())  # before any engine file is read: crafted folders stay shut
+        if isinstance(b, _Server):
+            cls._index_lang(b, writable)
         if isinstance(b, _Edge):
             # finishes a commit a crash interrupted, which may write the manifest; a reader
             # may get a copy of the last commit instead (module docstring)
             b.load(reader=not writable)
             meta = cls._checked(b, b.served or b.meta())
         return cls(b, meta, writable)
+
+    @staticmethod
+    def _index_lang(b: _Server, writable: bool) -> None:
+        """Give a collection the ``lang`` payload index it lacks (:meth:`_Server.ensure_index`).
+        A reader that may not (a read-only API key) warns and reads on: only language facets
+        and filters suffer, and the next writer to open it repairs it."""
+        try:
+            b.ensure_index(b.info)
+        except Exception as exc:  # noqa: BLE001 - the reader goes on; a writer must not
+            if writable:
+                b.close()
+                raise
+            warnings.warn(f"{b.where} has no payload index on 'lang' and this reader could not "
+                          f"make it: {exc}", RuntimeWarning, stacklevel=3)
 
     @staticmethod
     def _checked(b: _Server | _Edge, meta: dict[str, Any] | None) -> dict[str, Any]:
@@ -461,6 +545,7 @@ class QdrantStore(VectorStore):
         if vecs.shape != (len(records), self._dim):
             raise ValueError(f"expected vectors of shape ({len(records)}, {self._dim}), "
                              f"got {vecs.shape}")
+        refuse_unstorable(records)  # the whole batch, before any of it is staged or sent
         for a in range(0, len(records), _BATCH):
             chunk = records[a:a + _BATCH]
             b.upsert([_point_id(r.id) for r in chunk], vecs[a:a + _BATCH],
@@ -533,7 +618,7 @@ class QdrantStore(VectorStore):
             if isinstance(b, _Edge):
                 b.commit(meta, write=atomic_write_bytes)  # tests tear the redo log through this name
             else:
-                b.commit(meta)
+                meta = b.commit(meta)  # as saved, with its new commit id
         except OSError as exc:  # before the redo file's rename nothing changed; after it, the
             # next open finishes the commit: either way no committed state is lost
             raise storage_error(exc, f"cannot commit to {b.where}") from exc

@@ -63,11 +63,16 @@ def _dense(vector: Any) -> list[float]:
     return list(getattr(vector, "data", vector))
 
 
+#: the folder vecplug makes in a store option ``snapshot_dir`` for readers' copies
+COPIES = "vecplug-copies"
+
+
 def _snapshot_base(option: Any) -> str:
-    """Where readers' copies go: the store option ``snapshot_dir``, else a folder of this
-    user's under the system's temporary folder (``$TMPDIR``)."""
+    """Where readers' copies go, a folder of vecplug's own: ``vecplug-copies`` in the store
+    option ``snapshot_dir`` (any folder of the user's, whose other entries are never touched),
+    else a folder of this user's under the system's temporary folder (``$TMPDIR``)."""
     if option:
-        return os.path.abspath(os.path.expanduser(str(option)))
+        return os.path.join(os.path.abspath(os.path.expanduser(str(option))), COPIES)
     return os.path.join(tempfile.gettempdir(), f"vecplug-qdrant-{os.getuid()}")
 
 
@@ -628,8 +633,9 @@ class _Edge:
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         vecs = np.divide(vecs, norms, out=vecs, where=norms > 0)
         for i, v, p in zip(ids, vecs, payloads):
-            # JSON round trip: stored by value, as the shard would, and a payload that cannot
-            # be written fails now rather than at commit
+            # JSON round trip: stored by value, as the shard would. What JSON can carry but the
+            # engine cannot (deep nesting, NaN, ints beyond 64 bits) QdrantStore.upsert refused
+            # already (base.refuse_unstorable): the engine would fail after the commit point
             self.staged[i] = (json.loads(json.dumps(p, ensure_ascii=False)), v)
         self._under = None
 

@@ -551,11 +551,17 @@ def _private_folder(path: str) -> None:
                            "snapshot_dir to one")
 
 
+#: the name of a reader's copy (and, with ``.lock``, of its lock file): cleaning touches
+#: nothing else, whatever else the folder holds (a snapshot_dir may be any folder of the user's)
+COPY_NAME = re.compile(r"vecplug-copy-[0-9]+-[0-9a-f]{12}")
+
+
 class _Snapshot:
     """The folder of one reader's private copy of a shard, ``<base>/<token>/shard``, owned
     while ``<base>/<token>.lock`` is locked (flock: the kernel releases it when the owner dies,
-    even by SIGKILL). Every new snapshot first removes the folders whose owner is gone, so a
-    killed reader's copy lasts until the next reader opens, not forever."""
+    even by SIGKILL). Every new snapshot first removes the copies whose owner is gone, so a
+    killed reader's copy lasts until the next reader opens, not forever. Tokens match
+    :data:`COPY_NAME`; nothing else in ``base`` is ever removed."""
 
     def __init__(self, base: str) -> None:
         _private_folder(base)
@@ -575,7 +581,7 @@ class _Snapshot:
         """A new lock file, locked and still in place (a cleaner may unlink one it took for a
         dead owner's between its creation and our lock: then another name)."""
         for _ in range(20):
-            token = f"{os.getpid()}-{os.urandom(6).hex()}"
+            token = f"vecplug-copy-{os.getpid()}-{os.urandom(6).hex()}"  # COPY_NAME
             path = os.path.join(self.base, token + ".lock")
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -591,14 +597,17 @@ class _Snapshot:
         raise StorageError(f"cannot lock a reader's copy in {self.base}")
 
     def _clean(self) -> None:
-        """Remove the copies of owners that are gone (their lock can be taken), and folders
-        left without a lock file (an owner killed while removing its copy)."""
+        """Remove the copies of owners that are gone (their lock can be taken), and copies
+        left without a lock file (an owner killed while removing its copy): only entries named
+        as this class names them (:data:`COPY_NAME`), never another folder or file."""
         try:
             names = set(os.listdir(self.base))
         except OSError:
             return
         for name in sorted(names):
             path = os.path.join(self.base, name)
+            if not COPY_NAME.fullmatch(name.removesuffix(".lock")):
+                continue  # not a copy of ours
             if name.endswith(".lock"):
                 try:
                     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
