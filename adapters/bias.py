@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import Candidate, StoreHit, row_dots
+from vecplug.adapters.stores.base import Candidate, StoreHit, hit_vectors, row_dots
 
 UND = "und"
 #: a language's mean is shrunk towards the global mean as if it had this many extra
@@ -133,11 +133,10 @@ def exact_scores(store: Any, means: LanguageMeans | None, vector: np.ndarray,
 
     NaN for a candidate whose vector is gone: a commit since it was found (a writer's, that
     a reader follows) removed it."""
-    if hits and all(h.vector is not None for h in hits):  # the first stage had them at hand
-        vecs = np.stack([np.asarray(h.vector, dtype=np.float32) for h in hits])
-        return _scores(means, vector, query_lang, vecs, [h.record.lang for h in hits])
-    found = store.vectors_found([h.record.id for h in hits if h.vector is None])
-    vecs_of = [h.vector if h.vector is not None else found.get(h.record.id) for h in hits]
+    vecs_of = hit_vectors(store, hits)  # the first stage's when it had them at hand
+    if hits and all(v is not None for v in vecs_of):
+        return _scores(means, vector, query_lang, np.stack([np.asarray(v, dtype=np.float32) for v in vecs_of]),
+                       [h.record.lang for h in hits])
     kept = [i for i, v in enumerate(vecs_of) if v is not None]
     scores = np.full(len(hits), np.nan, dtype=np.float32)
     if kept:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug.errors import MissingDependencyError, ModelError
-from vecplug.fsutil import fsync_path
+from vecplug.fsutil import atomic_write_json, fsync_path
 
 
 @contextmanager
@@ -233,22 +233,22 @@ def weights_checksums(files: list[Path]) -> list[str]:
     except (OSError, ValueError):
         cache = {}
     # another definition's entries can never be used again: dropped, not kept forever
-    cache = {k: v for k, v in cache.items() if k.startswith(f"{_CHECKSUM_METHOD}|")}
+    kept = {k: v for k, v in cache.items() if k.startswith(f"{_CHECKSUM_METHOD}|")}
+    changed = len(kept) != len(cache)
     sums = []
     for w in files:
         st = w.stat()
         # the change time, unlike the modification time, cannot be set back (cp -p, touch -r)
         key = f"{_CHECKSUM_METHOD}|{w.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
-        if key not in cache:
-            cache[key] = weights_sha256(w)
-        sums.append(cache[key])
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, cache_file)
-    except OSError:
-        pass  # a read-only home only costs re-hashing next time
+        if key not in kept:
+            kept[key], changed = weights_sha256(w), True
+        sums.append(kept[key])
+    if changed:  # every model resolve comes here: write only what is new
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(cache_file, kept)
+        except OSError:
+            pass  # a read-only home only costs re-hashing next time
     return sums
 
 

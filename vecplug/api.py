@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -74,8 +73,6 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
 
 #: documents of a folder compared with the index's to tell its first folder, moved
 RELOCATION_SAMPLE = 16
-#: what undecodable bytes of a file name become in a str (surrogate escapes)
-_UNDECODABLE = re.compile("[\ud800-\udfff]")
 
 
 def _blank(text: str) -> bool:
@@ -269,13 +266,13 @@ class Index:
 
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
-        root = _corpus_root(path)
+        root, source_root = _corpus_root(path)
         c = self.settings.corpus
         reader = CorpusReader(root, self.encoder.document.offsets, CorpusOptions(
             chunk_tokens=c.chunk_tokens, chunk_overlap=c.chunk_overlap, embed_fields=c.embed_fields,
             max_file_bytes=c.max_file_mb * 1024 * 1024))
-        source_root = str(root.resolve())
-        built_from = self.manifest.get("source_root")
+        built_from = self.store.manifest_value("source_root")
+        built_kind = self.store.manifest_value("source_kind", "folder")
         manifest: dict[str, Any] = {"corpus": {"chunk_tokens": c.chunk_tokens, "chunk_overlap": c.chunk_overlap,
                                                "embed_fields": list(c.embed_fields)}}
         documents: Iterable[Document] = reader.documents()
@@ -286,7 +283,7 @@ class Index:
         kind = "folder" if root.is_dir() else "file"
         first = built_from == source_root or (built_from is None and self.store.count() == 0)
         if (not first and built_from is not None and not os.path.lexists(built_from)
-                and kind == self.manifest.get("source_kind", "folder")):
+                and kind == built_kind):
             # the first folder moved (renamed, mounted elsewhere): its documents are here under
             # their relative ids with the same text; named by absolute path they would all be
             # encoded again, beside the old ones. Only when it is gone from where it was, and
@@ -314,7 +311,7 @@ class Index:
             # a part of the first folder (a subfolder or file of it given alone) is named as the
             # first folder names it, so its run updates those documents; anything else by its
             # absolute path, so two folders never replace each other's documents
-            inside = (built_from is not None and self.manifest.get("source_kind", "folder") == "folder"
+            inside = (built_from is not None and built_kind == "folder"
                       and Path(source_root).is_relative_to(built_from) and os.path.isdir(built_from))
             space = os.path.relpath(base, built_from) if inside else base
             scope = os.path.relpath(source_root, built_from) if inside else source_root
@@ -480,14 +477,16 @@ class Index:
     @property
     def language_stats(self) -> Any:
         """Per-language sums of document vectors (from the manifest; recomputed from the stored
-        vectors when it has none, an index written before vecplug kept them, or when they
-        count other documents than the store holds: a Qdrant server writes each batch through
-        at once, so a run killed in the middle of one left points its statistics never took in)."""
+        vectors when it has none, an index written before vecplug kept them, or when a store
+        that writes through (a Qdrant server: ``VectorStore.writes_through``) holds other
+        documents than they count: a run killed in the middle of a batch left points its
+        statistics never took in)."""
         if self._stats is None:
             from vecplug.adapters.bias import LanguageStats
 
             stats = LanguageStats.from_manifest(self.manifest)
-            if stats is None or sum(stats.counts.values()) != self.store.count():
+            if stats is None or (self.store.writes_through
+                                 and sum(stats.counts.values()) != self.store.count()):
                 stats = LanguageStats.fit(self.store)
                 if self.writable:
                     self.store.commit(stats.to_manifest())
@@ -605,18 +604,20 @@ def open_index(path: str | None = None, *, settings: Settings | None = None,
     return Index.open(settings or settings_for(path), writable=writable)
 
 
-def _corpus_root(path: str | Path) -> Path:
-    """``path`` as a corpus to index, or a VecplugError: it must exist, and its absolute path
-    must be text (it is recorded in the manifest, and names another folder's documents)."""
+def _corpus_root(path: str | Path) -> tuple[Path, str]:
+    """``path`` as a corpus to index and its absolute path, or a VecplugError: it must exist,
+    and its absolute path must be text (it is recorded in the manifest, and names another
+    folder's documents)."""
+    from vecplug.indexer.corpus import _BAD_TEXT, shown
+
     root = Path(path)
     if not root.exists():
         raise VecplugError(f"{root} does not exist")
-    if _UNDECODABLE.search(str(root.resolve())):
-        from vecplug.indexer.corpus import shown
-
-        raise VecplugError(f"{shown(str(root.resolve()))}: the path holds bytes that are not UTF-8; "
+    absolute = str(root.resolve())
+    if _BAD_TEXT.search(absolute):  # undecodable bytes of a name are lone surrogates in a str
+        raise VecplugError(f"{shown(absolute)}: the path holds bytes that are not UTF-8; "
                            "rename the folder (or a folder above it) to index it")
-    return root
+    return root, absolute
 
 
 def create_index(corpus: str | Path | None = None, *, path: str | None = None,

@@ -106,6 +106,14 @@ def search(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str
     return store.search(vector, k, langs, ef=ef)
 
 
+def hit_vectors(store: "VectorStore", hits: Sequence[StoreHit]) -> list[np.ndarray | None]:
+    """Each hit's stored vector: the one it carries, else read (one :meth:`VectorStore.
+    vectors_found` call for those without); None for a hit whose document a commit since the
+    search removed."""
+    missing = [h.record.id for h in hits if h.vector is None]
+    found = store.vectors_found(missing) if missing else {}
+    return [h.vector if h.vector is not None else found.get(h.record.id) for h in hits]
+
 class VectorStore(ABC):
     """A place to put vectors with records, and to search them by cosine similarity.
 
@@ -116,6 +124,10 @@ class VectorStore(ABC):
 
     #: registry name, e.g. ``"hnswlib"``
     name: ClassVar[str]
+    #: True when writes reach the index as they are made, not at :meth:`commit` (a Qdrant
+    #: server): a run killed between a write and its commit can leave points the manifest's
+    #: language statistics never took in, so an Index checks them against :meth:`count`
+    writes_through: bool = False
 
     @classmethod
     @abstractmethod
@@ -187,14 +199,8 @@ class VectorStore(ABC):
         drop a kept candidate that it removed, and one between the search and the read of the
         vectors drops the hits whose vector is gone."""
         hits = search(self, vector, k, langs, ef)
-        missing = [h.record.id for h in hits if h.vector is None]
-        vecs = self.vectors_found(missing) if missing else {}
-        out = []
-        for h in hits:
-            vec = h.vector if h.vector is not None else vecs.get(h.record.id)
-            if vec is not None:
-                out.append(Candidate(h, h.record.lang, h.score, vec))
-        return out
+        return [Candidate(h, h.record.lang, h.score, vec)
+                for h, vec in zip(hits, hit_vectors(self, hits)) if vec is not None]
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
                                 ef: int | None = None) -> list[Candidate]:

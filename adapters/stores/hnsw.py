@@ -156,6 +156,7 @@ class HnswStore(VectorStore):
         self._broken = False  # a commit failed: no more writes through this handle
         # a failed commit could not put the last commit's graph back (why): reads refuse
         self._graph_lost: str | None = None
+        self._data_version: int | None = None  # PRAGMA data_version at the last _refresh
         # per language set: labels, and their vectors as columns or (too many) a set of labels
         self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
 
@@ -436,6 +437,21 @@ class HnswStore(VectorStore):
         graph). Under the mutex."""
         if self._writable or self._db is None:
             return
+        # SQLite's count of other connections' commits: one cheap pragma when nothing was
+        # committed since the last look (a search looks several times: manifest, token, graph)
+        version = self._sql("PRAGMA data_version")[0][0]
+        if version == self._data_version:
+            return
+        # taken before the record is read (a commit after that is seen next time); dropped if
+        # moving to the new commit fails, so that the next look tries again
+        self._data_version = version
+        try:
+            self._move_to_last_commit()
+        except BaseException:
+            self._data_version = None
+            raise
+
+    def _move_to_last_commit(self) -> None:
         rows = {key: json.loads(value) for key, value in
                 self._sql("SELECT key, value FROM meta WHERE key IN ('generation', 'checksum')")}
         if not rows or (rows.get("generation") == self._meta["generation"]

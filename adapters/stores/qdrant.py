@@ -425,6 +425,7 @@ class QdrantStore(VectorStore):
         self._dim = int(meta["dim"])
         self._writable = writable
         self._moves = 0  # times _meta moved to another commit: the commit token
+        self.writes_through = isinstance(backend, _Server)  # nothing staged on a server
         self._looked = time.monotonic()  # when a server reader last read the manifest
 
     @staticmethod
