@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug.errors import MissingDependencyError, ModelError
-from vecplug.fsutil import atomic_write_json, fsync_path
+from vecplug.fsutil import atomic_write_json, fsync_path, replace_folder
 
 
 @contextmanager
@@ -161,28 +160,6 @@ def build_builtin(name: str, force: bool = False) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def replace_folder(new: Path, target: Path) -> None:
-    """Put the folder ``new`` in place of ``target`` (which may not exist) by renames.
-
-    The old ``target`` is renamed aside, ``new`` renamed in, and only then the old one removed:
-    an interruption at any point leaves the old or the new folder whole, never neither (between
-    the two renames the old one waits as ``.old-<name>-*`` beside it). If ``new`` cannot be
-    renamed in, the old one is put back and the error raised.
-    """
-    old = None
-    if target.exists():
-        old = target.with_name(f".old-{target.name}-{os.getpid()}-{time.time_ns()}")
-        target.rename(old)
-    try:
-        new.rename(target)
-    except BaseException:
-        if old is not None and not target.exists():  # else someone else's folder took the place
-            old.rename(target)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def list_models() -> list[dict[str, Any]]:

@@ -177,7 +177,7 @@ def save_student(student: Any, folder: Path, meta: dict[str, Any],
         (tmp / STUDENT_META).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
         for f in tmp.iterdir():
             f.chmod(0o644)
-        from vecplug.indexer.models import replace_folder
+        from vecplug.fsutil import replace_folder
 
         # never rmtree-then-rename: an interruption between the two would lose both students
         replace_folder(tmp, folder)

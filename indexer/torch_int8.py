@@ -105,11 +105,16 @@ def save_peaks(path: Path, peaks: dict[str, np.ndarray]) -> None:
 def model_peaks(info: Any, model: Any, calibrate: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The smoothing peaks for ``model`` (described by ``info``, a ``ModelInfo``): from its
     folder (a shipped student carries them, :data:`PEAKS_FILE`), else from the cache, else
-    ``calibrate()`` (~5 s for the shipped student), then cached by the model's checksum."""
+    ``calibrate()`` (~5 s for the shipped student), then cached by the model's checksum, config
+    and query prefix."""
     from vecplug.indexer.models import vecplug_home
+    from vecplug.indexer.onnx_runtime import shape_key
 
     names = set(narrowing(model))
-    cached = vecplug_home() / "cache" / f"int8-peaks-{info.checksum}.safetensors"
+    # keyed as ONNX Runtime's graph of the same recipe is: the weights, the config and the
+    # prefix the calibration texts are encoded with (a copy under another name may take another)
+    shape = shape_key(model, "int8-query", (info.query_prefix,))
+    cached = vecplug_home() / "cache" / f"int8-peaks-{info.checksum}-{shape}.safetensors"
     peaks = next((p for p in map(load_peaks, (info.path / PEAKS_FILE, cached))
                   if p is not None and set(p) == names), None)
     if peaks is None:

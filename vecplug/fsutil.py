@@ -6,6 +6,8 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,29 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_path(path.parent)
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put the folder ``new`` in place of ``target`` (which may not exist) by renames.
+
+    The old ``target`` is renamed aside, ``new`` renamed in, and only then the old one removed:
+    an interruption at any point leaves the old or the new folder whole, never neither (between
+    the two renames the old one waits as ``.old-<name>-*`` beside it). If ``new`` cannot be
+    renamed in, the old one is put back and the error raised.
+    """
+    old = None
+    if target.exists():
+        old = target.with_name(f".old-{target.name}-{os.getpid()}-{time.time_ns()}")
+        target.rename(old)
+    try:
+        new.rename(target)
+    except BaseException:
+        if old is not None and not target.exists():  # else someone else's folder took the place
+            old.rename(target)
+        raise
+    fsync_path(target.parent)  # the renames themselves
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
