@@ -76,13 +76,16 @@ class LanguageStats:
 
     @classmethod
     def fit(cls, store: Any) -> "LanguageStats":
-        """Recompute from every stored vector (for indexes written before the stats existed)."""
+        """Recompute from every stored vector (indexes written before the stats existed, or whose
+        statistics a killed server run left behind). Documents a concurrent writer deletes
+        while this reads are left out, not a KeyError."""
         stats = cls(int(store.dim))
         ids = list(store.ids())
         for start in range(0, len(ids), 4096):
-            part = ids[start:start + 4096]
-            records = store.get(part)
-            stats.add([r.lang for r in records], store.vectors([r.id for r in records]))
+            records = store.get(ids[start:start + 4096])
+            found = store.vectors_found([r.id for r in records])
+            kept = [r for r in records if r.id in found]
+            stats.add([r.lang for r in kept], [found[r.id] for r in kept])
         return stats
 
     def means(self) -> "LanguageMeans":

@@ -142,6 +142,31 @@ def test_shrinkage_keeps_a_lone_document() -> None:
     np.testing.assert_allclose(means.centre(rows, langs), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["hnswlib", "qdrant"])
+def test_fit_leaves_out_documents_deleted_while_it_reads(tmp_path: Path, name: str) -> None:
+    """A writer's commit between fit's record read and its vector read removes documents: they
+    are left out of the statistics (a KeyError before)."""
+    records, vecs, _ = biased_corpus()
+    store = get_store_class(name).create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    store.upsert(records, vecs)
+    store.commit()
+    gone = {r.id for r in records if r.lang == "de" and r.position == 0}
+    get = store.get
+
+    def get_then_delete(ids):
+        found = get(ids)
+        store.delete(sorted(gone))
+        store.commit()
+        return found
+
+    store.get = get_then_delete
+    fitted = LanguageStats.fit(store)
+    assert fitted.counts == {"en": 5 * COPIES, "de": 5 * COPIES - len(gone)}
+    kept = [i for i, r in enumerate(records) if r.id not in gone and r.lang == "de"]
+    np.testing.assert_allclose(fitted.sums["de"], vecs[kept].sum(axis=0), atol=1e-4)
+    store.close()
+
+
 def test_pipeline_keeps_stats_in_step(tmp_path: Path, fake_encoder) -> None:
     """Running sums in the manifest equal a fit from the stored vectors after adds and edits."""
     store = get_store_class("hnswlib").create(str(tmp_path / "idx"), fake_encoder.dim,

@@ -114,6 +114,16 @@ def hit_vectors(store: "VectorStore", hits: Sequence[StoreHit]) -> list[np.ndarr
     found = store.vectors_found(missing) if missing else {}
     return [h.vector if h.vector is not None else found.get(h.record.id) for h in hits]
 
+
+def ordered_vectors(found: dict[str, np.ndarray], ids: Sequence[str], dim: int) -> np.ndarray:
+    """``found`` (vectors by id, as :meth:`VectorStore.vectors_found` gives them) as the (n, dim)
+    array of :meth:`VectorStore.vectors`: in the order of ``ids``, KeyError naming one missing."""
+    missing = next((i for i in ids if i not in found), None)
+    if missing is not None:
+        raise KeyError(missing)
+    return np.asarray([found[i] for i in ids], dtype=np.float32).reshape(len(ids), dim)
+
+
 class VectorStore(ABC):
     """A place to put vectors with records, and to search them by cosine similarity.
 

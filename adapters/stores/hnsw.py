@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
-                                          column_dots, refuse_unstorable)
+                                          column_dots, ordered_vectors, refuse_unstorable)
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -500,15 +500,7 @@ class HnswStore(VectorStore):
         return [found[i] for i in ids if i in found]
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        with self._mutex:
-            self._follow()
-            by_id = self._labels(ids)
-            missing = [rid for rid in ids if rid not in by_id]
-            if missing:
-                raise KeyError(missing[0])
-            if not ids:
-                return np.zeros((0, self.dim), dtype=np.float32)
-            return _items(self._index, [by_id[rid] for rid in ids])
+        return ordered_vectors(self.vectors_found(ids), ids, self.dim)
 
     def vectors_found(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         with self._mutex:

@@ -184,7 +184,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from vecplug.adapters.stores.base import Record, StoreHit, VectorStore, refuse_unstorable
+from vecplug.adapters.stores.base import Record, StoreHit, VectorStore, ordered_vectors, refuse_unstorable
 from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, _dense, _Edge, _point_id,
                                                  full_scan_threshold, search_params)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
@@ -577,11 +577,7 @@ class QdrantStore(VectorStore):
         return [found[i] for i in ids if i in found]
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        found = self._retrieve_vectors(ids)
-        missing = [i for i in ids if i not in found]
-        if missing:
-            raise KeyError(missing[0])
-        return np.asarray([_dense(found[i]) for i in ids], dtype=np.float32).reshape(len(ids), self._dim)
+        return ordered_vectors(self.vectors_found(ids), ids, self._dim)
 
     def vectors_found(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         found = self._retrieve_vectors(ids)
