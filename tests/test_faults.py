@@ -1011,3 +1011,24 @@ def test_a_second_server_writer_cannot_overwrite_the_firsts_manifest() -> None:
     second = QdrantStore.open("http://x", opts, writable=True)
     second.commit({"who": "second"})
     assert QdrantStore.open("http://x", opts).manifest["who"] == "second"
+
+
+def test_replace_folder_removes_what_a_killed_replacement_set_aside(tmp_path: Path) -> None:
+    """A process killed between replace_folder's two renames leaves the old folder aside as
+    .old-<name>-<pid>-*: the next replacement removes it, but not a running process's."""
+    from vecplug.fsutil import replace_folder
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = tmp_path / f".old-model-{dead.pid}-1"
+    live = tmp_path / f".old-model-{os.getpid()}-2"
+    others = [tmp_path / f".old-model-x-{dead.pid}-3", tmp_path / f".old-model-7-{dead.pid}-3"]
+    for folder in (killed, live, *others):  # the last two: folders model-x's and model-7's
+        folder.mkdir()
+        (folder / "weights").write_text("old")
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "weights").write_text("new")
+    replace_folder(new, tmp_path / "model")
+    assert (tmp_path / "model" / "weights").read_text() == "new"
+    assert not killed.exists() and live.exists() and all(p.exists() for p in others)

@@ -3,6 +3,7 @@ one-writer lock. Below every layer (imports only the errors module)."""
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -56,10 +57,12 @@ def replace_folder(new: Path, target: Path) -> None:
     """Put the folder ``new`` in place of ``target`` (which may not exist) by renames.
 
     The old ``target`` is renamed aside, ``new`` renamed in, and only then the old one removed:
-    an interruption at any point leaves the old or the new folder whole, never neither (between
-    the two renames the old one waits as ``.old-<name>-*`` beside it). If ``new`` cannot be
-    renamed in, the old one is put back and the error raised.
+    an interruption at any point leaves a whole folder, the old or the new one (a process
+    killed between the two renames leaves the old one as ``.old-<name>-<pid>-*`` beside it,
+    which the next replacement removes). If ``new`` cannot be renamed in, the old one is put
+    back and the error raised.
     """
+    stale = _stale_copies(target)
     old = None
     if target.exists():
         old = target.with_name(f".old-{target.name}-{os.getpid()}-{time.time_ns()}")
@@ -71,8 +74,30 @@ def replace_folder(new: Path, target: Path) -> None:
             old.rename(target)
         raise
     fsync_path(target.parent)  # the renames themselves
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    for folder in ([old] if old is not None else []) + stale:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stale_copies(target: Path) -> list[Path]:
+    """Old folders that earlier replacements of ``target`` set aside and, killed between their
+    two renames, never removed: those of processes no longer running (a live one's is still
+    in use). The next replacement of ``target`` removes them."""
+    stale = []
+    for path in target.parent.glob(f".old-{glob.escape(target.name)}-*"):
+        pid, _, ns = path.name[len(f".old-{target.name}-"):].partition("-")
+        if pid.isdigit() and ns.isdigit() and not _running(int(pid)):  # not another folder's
+            stale.append(path)
+    return stale
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
