@@ -150,7 +150,8 @@ class TextEncoder:
             graph = int8_recipe if quantize == "int8" else quantize
             self.onnx = load_layers(self.model, info.checksum, graph, vecplug_home() / "onnx", threads,
                                     calibration=self.calibration_feeds,
-                                    prefixes=(info.query_prefix, info.document_prefix))
+                                    prefixes=(info.query_prefix, info.document_prefix),
+                                    tokenizer=info.tokenizer_path)
             _drop_layers(self.model)
         elif runtime != "torch":
             from vecplug.errors import ConfigError

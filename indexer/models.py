@@ -260,6 +260,23 @@ def folder_checksum(folder: Path) -> str:
     return _checked(_read_meta(folder).get("weights_sha256"), computed, folder / "vecplug.json")
 
 
+#: the files a Hugging Face tokenizer is read from (those of the families vecplug meets)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "sentencepiece.bpe.model", "spiece.model", "vocab.txt",
+                   "vocab.json", "merges.txt")
+
+
+def tokenizer_checksum(folder: Path) -> str:
+    """SHA-256 over the tokenizer files in ``folder`` (names and contents, each cached as
+    :func:`weights_checksums` caches weights): what else than the weights decides the vectors
+    of a text, so a calibration made on texts is keyed by it too."""
+    import hashlib
+
+    files = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    sums = weights_checksums(files)
+    return hashlib.sha256("".join(f"{f.name}:{h}|" for f, h in zip(files, sums)).encode()).hexdigest()
+
+
 def _default_prefixes(name: str, folder: Path) -> tuple[str, str]:
     """Prefixes from the folder's ``vecplug.json``, else by the model's ``name`` (a folder's own
     name, a hub repository's name: never the spec as typed, which may be ``.``)."""

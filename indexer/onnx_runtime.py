@@ -4,7 +4,7 @@ On this machine's CPU, ONNX Runtime runs the shipped query student about twice a
 at identical vectors, and its int8 kernels faster again (figures in the README,
 ``benchmarks/query_latency.py``). The graph is exported from the loaded torch model on first
 use and cached under ``$VECPLUG_HOME/onnx``, keyed by the model's checksum, its config (and a
-calibrated recipe's prefixes: :func:`shape_key`), the quantisation, the recipe and the ONNX
+calibrated recipe's prefixes and tokenizer: :func:`shape_key`), the quantisation, the recipe and the ONNX
 Runtime version, so a later process only opens the file.
 
 What goes into the graph: the layers, from the token embeddings to the mean-pooled vector. The
@@ -99,14 +99,21 @@ def cache_path(cache: Path, checksum: str, quantize: str | None, shape: str = ""
     return cache / f"{checksum[:12]}-{quantize or 'fp32'}-{digest}.onnx"
 
 
-def shape_key(model: Any, quantize: str | None, prefixes: Sequence[str] = ()) -> str:
+def shape_key(model: Any, quantize: str | None, prefixes: Sequence[str] = (),
+              tokenizer: Path | None = None) -> str:
     """A short hash of what shapes the graph besides the weights' checksum: ``model``'s config
     (the same weights with another number of heads, activation or layer norm epsilon export
-    another function) and, for a recipe that smooths, the ``prefixes`` its calibration texts
-    are encoded with (a folder without ``vecplug.json`` takes them from its name)."""
+    another function) and, for a recipe that smooths, what its calibration texts are encoded
+    with: the ``prefixes`` (a folder without ``vecplug.json`` takes them from its name) and the
+    files of the ``tokenizer`` folder."""
     config = _stable_config(model.config.to_dict())
     smoothed = bool(INT8_RECIPES.get(quantize or "", {}).get("smooth"))
-    body = {"config": config, "calibration": list(prefixes) if smoothed else None}
+    calibration = None
+    if smoothed:
+        from vecplug.indexer.models import tokenizer_checksum
+
+        calibration = [list(prefixes), tokenizer_checksum(tokenizer) if tokenizer is not None else ""]
+    body = {"config": config, "calibration": calibration}
     # default=str: a config may hold values JSON has no type for (a torch dtype)
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -408,11 +415,12 @@ class OnnxLayers:
 
 def load_layers(model: Any, checksum: str, quantize: str | None, cache: Path,
                 threads: int | None = None, calibration: Feeds | None = None,
-                prefixes: Sequence[str] = ()) -> OnnxLayers:
+                prefixes: Sequence[str] = (), tokenizer: Path | None = None) -> OnnxLayers:
     """The model's layers as an ORT session, exported (and quantised, calibrated on
     ``calibration``'s inputs) on first use; a cached graph ORT cannot open is built again.
-    ``prefixes``: those ``calibration`` encodes its texts with (part of the cache key)."""
-    path = cache_path(cache, checksum, quantize, shape_key(model, quantize, prefixes))
+    ``prefixes`` and ``tokenizer`` (its folder): what ``calibration`` encodes its texts with
+    (part of the cache key)."""
+    path = cache_path(cache, checksum, quantize, shape_key(model, quantize, prefixes, tokenizer))
     if path.is_file():
         try:
             return OnnxLayers(path, threads)

@@ -111,13 +111,16 @@ def model_peaks(info: Any, model: Any, calibrate: Callable[[], dict[str, np.ndar
     from vecplug.indexer.onnx_runtime import shape_key
 
     names = set(narrowing(model))
-    # keyed as ONNX Runtime's graph of the same recipe is: the weights, the config and the
-    # prefix the calibration texts are encoded with (a copy under another name may take another)
-    shape = shape_key(model, "int8-query", (info.query_prefix,))
+    peaks = load_peaks(info.path / PEAKS_FILE)
+    if peaks is not None and set(peaks) == names:
+        return peaks
+    # keyed as ONNX Runtime's graph of the same recipe is: the weights, the config, the prefix
+    # and the tokenizer the calibration texts are encoded with (a copy under another name may
+    # take another prefix)
+    shape = shape_key(model, "int8-query", (info.query_prefix,), info.tokenizer_path)
     cached = vecplug_home() / "cache" / f"int8-peaks-{info.checksum}-{shape}.safetensors"
-    peaks = next((p for p in map(load_peaks, (info.path / PEAKS_FILE, cached))
-                  if p is not None and set(p) == names), None)
-    if peaks is None:
+    peaks = load_peaks(cached)
+    if peaks is None or set(peaks) != names:
         peaks = calibrate()
         save_peaks(cached, peaks)
     return peaks

@@ -412,6 +412,23 @@ def test_a_smoothed_int8_graph_is_cached_per_calibration_prefixes(tiny_model: Pa
     assert sum("-int8-" in n for n in names) == 2 and sum("-fp32-" in n for n in names) == 1
 
 
+def test_a_smoothed_int8_graph_is_cached_per_tokenizer(tiny_model: Path, tmp_path: Path,
+                                                       fresh_machine: Path) -> None:
+    """The same weights and config with another tokenizer (here: one that keeps case) see other
+    token ids for the calibration texts: another smoothed int8 graph, the same float one."""
+    import json
+
+    cased = _copy_model(tiny_model, tmp_path / "tiny-cased")
+    tok = json.loads((cased / "tokenizer.json").read_text())
+    tok["normalizer"] = {"type": "NFKC"}
+    (cased / "tokenizer.json").write_text(json.dumps(tok))
+    for folder in (tiny_model, cased):
+        Encoder.from_specs(str(folder), runtime="onnx", document_quantize="int8").encode_documents(TEXTS)
+        Encoder.from_specs(str(folder), runtime="onnx").encode_documents(TEXTS)
+    names = [p.name for p in _graphs(fresh_machine)]
+    assert sum("-int8-" in n for n in names) == 2 and sum("-fp32-" in n for n in names) == 1
+
+
 @pytest.mark.parametrize("damage", [b"", b"\x08garbage, not a graph"])
 def test_a_damaged_cached_graph_is_built_again(tiny_model: Path, fresh_machine: Path, damage: bytes,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
