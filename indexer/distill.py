@@ -191,6 +191,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     from vecplug.indexer.encoder import TextEncoder
     from vecplug.indexer.models import resolve_model, vecplug_home
     from vecplug.indexer.student import make_head, make_student, pca, pick_layers, prune_ffn, save_student
+    from vecplug.indexer.train_data import log_problems
 
     started = time.perf_counter()
     torch.manual_seed(config.seed)
@@ -200,10 +201,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         raise VecplugError(f"--ffn-width must be between 1 and the teacher's {full}, not {config.ffn_width}")
     problems: list[Problem] = []
     inputs, targets, data_record = build_examples(config, problems)
-    for p in problems[:20]:
-        log(f"skipped {p}")
-    if len(problems) > 20:
-        log(f"... and {len(problems) - 20} more problems in {config.tatoeba}")
+    log_problems(problems, config.tatoeba, log)
     if problems:
         data_record["problems"] = len(problems)
     work = out.parent / f"{out.name}{WORK}"

@@ -192,10 +192,7 @@ def load_tasks(config: TrainConfig, problems: list[Problem], log: Callable[[str]
                                                 max_examples=task.max_examples, seed=config.seed)
             examples = _labels_the_loss_takes(examples, task, found)
         problems += found
-        for p in found[:20]:
-            log(f"skipped {p}")
-        if len(found) > 20:
-            log(f"... and {len(found) - 20} more problems in {path}")
+        train_data.log_problems(found, path, log)
         # a query with several positives trains on each of them, not on its first only
         examples = train_data.one_row_per_positive(examples)
         train, held = train_data.split_held_out(examples, config.eval.held_out, config.seed)

@@ -238,6 +238,15 @@ def _example(record: Mapping[str, Any], format: str, names: Mapping[str, tuple[s
                    group=_group(get("group")), where=where)
 
 
+def log_problems(problems: Sequence[Problem], where: str | Path, log: Any, first: int = 20) -> None:
+    """Tell ``log`` the first ``first`` of ``problems`` (the lines skipped in ``where``) and how
+    many more there are: a run's log names them, its report counts them all."""
+    for p in problems[:first]:
+        log(f"skipped {p}")
+    if len(problems) > first:
+        log(f"... and {len(problems) - first} more problems in {where}")
+
+
 # -- reading files ---------------------------------------------------------------------------
 
 class _Reporter:

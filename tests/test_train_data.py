@@ -392,3 +392,15 @@ def test_split_held_out_small() -> None:
     train, held = split_held_out(examples, 0.01, seed=0)
     assert len(train) == 1 and len(held) == 1
     assert split_held_out(examples[:1], 0.5) == (examples[:1], [])
+
+
+def test_log_problems_names_the_first_and_counts_the_rest() -> None:
+    from vecplug.indexer.train_data import log_problems
+
+    lines: list[str] = []
+    log_problems([Problem("d.jsonl", "bad", i) for i in range(1, 26)], "d.jsonl", lines.append)
+    assert len(lines) == 21 and lines[0] == f"skipped {Problem('d.jsonl', 'bad', 1)}"
+    assert lines[-1] == "... and 5 more problems in d.jsonl"
+    lines.clear()
+    log_problems([Problem("d.jsonl", "bad", 1)], "d.jsonl", lines.append)
+    assert len(lines) == 1

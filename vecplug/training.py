@@ -73,6 +73,7 @@ def train_field_head(config: Any, *, progress: bool = True, log: Callable[[str],
     from vecplug.indexer import field_head
     from vecplug.indexer.encoder import Encoder
     from vecplug.indexer.train import validate
+    from vecplug.indexer.train_data import log_problems
     from vecplug.types import Problem
 
     validate(config)
@@ -81,8 +82,7 @@ def train_field_head(config: Any, *, progress: bool = True, log: Callable[[str],
     fields = options.pop("fields", None) or field_head.DEFAULT_FIELDS
     problems: list[Problem] = []
     examples = field_head.load_field_examples(task.data, fields=fields, problems=problems)
-    for p in problems[:20]:
-        log(f"skipped {p}")
+    log_problems(problems, task.data, log)
     out = Path(config.output).expanduser()
     if out.exists():
         raise ConfigError(f"{out} exists; remove it or choose another output")
