@@ -986,31 +986,83 @@ def test_a_server_collection_is_never_left_without_its_lang_index() -> None:
         QdrantStore.create("http://x", 4, {}, opts)
 
 
-def test_a_second_server_writer_cannot_overwrite_the_firsts_manifest() -> None:
-    """A server collection has no writer lock: two writers can open it. A commit that finds
-    the manifest committed by the other since it read it is refused (IndexLockedError), so the
-    other's language statistics are not overwritten; opened again, the writer commits."""
+def test_a_server_collection_takes_one_writer_at_a_time() -> None:
+    """A writer's lease (qdrant_lease): a second writer is refused at open, naming the first,
+    until the first closes; a lease that lapsed while its writer was idle is taken by the next,
+    and the idle one is refused before it writes anything; a lease of a killed process of this
+    machine is taken at once."""
     qdrant_client = pytest.importorskip("qdrant_client")
     from vecplug.adapters.stores import Record
     from vecplug.adapters.stores.qdrant import QdrantStore
     from vecplug.errors import IndexLockedError
 
-    opts = {"client": qdrant_client.QdrantClient(":memory:")}
+    client = qdrant_client.QdrantClient(":memory:")
+    opts = {"client": client, "lease_seconds": 0.5}
     QdrantStore.create("http://x", 4, {"who": "create"}, opts).close()
     first = QdrantStore.open("http://x", opts, writable=True)
-    second = QdrantStore.open("http://x", opts, writable=True)
+    host = __import__("socket").gethostname()
+    with pytest.raises(IndexLockedError, match=f"another writer \\({re.escape(host)} pid {os.getpid()}; "
+                                               "its lease ends at"):
+        QdrantStore.open("http://x", opts, writable=True)
+    with pytest.raises(IndexLockedError, match="another writer"):
+        QdrantStore.create("http://x", 4, {}, opts)  # nor made anew under a writer
+    QdrantStore.open("http://x", opts).close()  # readers take no lease
     first.upsert([Record("a", "t", "s", 0, "en")], np.ones((1, 4), np.float32))
     first.commit({"who": "first"})
-    first.commit({"who": "first again"})  # its own commits follow each other
-    second.upsert([Record("b", "t", "s", 0, "de")], np.ones((1, 4), np.float32))
-    with pytest.raises(IndexLockedError, match="another writer"):
-        second.commit({"who": "second"})
-    assert QdrantStore.open("http://x", opts).manifest["who"] == "first again"
-    second.close()
     first.close()
+    second = QdrantStore.open("http://x", opts, writable=True)  # given back at close
+    second.close()
+
+    # idle past its lease: taken over, and refused before it writes
+    idle = QdrantStore.open("http://x", opts, writable=True)
+    time.sleep(0.6)
+    taker = QdrantStore.open("http://x", opts, writable=True)
+    with pytest.raises(IndexLockedError, match="taken over by another writer while this one was idle"):
+        idle.upsert([Record("b", "t", "s", 0, "de")], np.ones((1, 4), np.float32))
+    assert QdrantStore.open("http://x", opts).count() == 1
+    idle.close()  # gives back nothing of the taker's
+    with pytest.raises(IndexLockedError):
+        QdrantStore.open("http://x", opts, writable=True)
+
+    taker.close()
+
+    # a writer of this machine killed with its lease: taken at once, long as the lease is
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    client.upsert("vecplug-vecplug-writer", [qdrant_client.models.PointStruct(
+        id=1, vector=[1.0], payload={"owner": "killed", "host": host, "pid": dead.pid,
+                                     "expires": time.time() + 3600})])
+    QdrantStore.open("http://x", opts, writable=True).close()
+    client.upsert("vecplug-vecplug-writer", [qdrant_client.models.PointStruct(
+        id=1, vector=[1.0], payload={"owner": "elsewhere", "host": "another-host", "pid": dead.pid,
+                                     "expires": time.time() + 3600})])
+    with pytest.raises(IndexLockedError, match="another-host"):
+        QdrantStore.open("http://x", opts, writable=True)
+
+
+def test_a_server_writer_whose_lease_was_taken_cannot_overwrite_the_takers_manifest() -> None:
+    """The commit check behind the lease: a writer idle past its lease while another took it,
+    committed and gave it back, gets the lease again at its next write, but its commit would
+    overwrite the other's manifest and language statistics: refused (IndexLockedError)."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore
+    from vecplug.errors import IndexLockedError
+
+    opts = {"client": qdrant_client.QdrantClient(":memory:"), "lease_seconds": 0.3}
+    QdrantStore.create("http://x", 4, {"who": "create"}, opts).close()
+    first = QdrantStore.open("http://x", opts, writable=True)
+    first.commit({"who": "first"})
+    time.sleep(0.4)
     second = QdrantStore.open("http://x", opts, writable=True)
+    second.upsert([Record("b", "t", "s", 0, "de")], np.ones((1, 4), np.float32))
     second.commit({"who": "second"})
+    second.close()
+    with pytest.raises(IndexLockedError, match="committed to by another writer"):
+        first.commit({"who": "first again"})
     assert QdrantStore.open("http://x", opts).manifest["who"] == "second"
+    first.close()
+    QdrantStore.open("http://x", opts, writable=True).commit({"who": "third"})
 
 
 def test_replace_folder_removes_what_a_killed_replacement_set_aside(tmp_path: Path) -> None:

@@ -85,17 +85,18 @@ def _stale_copies(target: Path) -> list[Path]:
     stale = []
     for path in target.parent.glob(f".old-{glob.escape(target.name)}-*"):
         pid, _, ns = path.name[len(f".old-{target.name}-"):].partition("-")
-        if pid.isdigit() and ns.isdigit() and not _running(int(pid)):  # not another folder's
+        if pid.isdigit() and ns.isdigit() and not process_running(int(pid)):  # not another folder's
             stale.append(path)
     return stale
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except (PermissionError, OverflowError):  # another user's process; no pid of this system
         return True
     return True
 

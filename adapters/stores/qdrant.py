@@ -23,12 +23,15 @@ once and :meth:`QdrantStore.commit` only replaces the manifest. A server cannot 
 atomically across points: a client that dies mid-run leaves the writes it made (part of a
 batch, writes after the last commit) in the collection, under the previous manifest. A reader
 sees points as they are written, and reads the manifest again (a round trip carrying the
-language statistics) at most every :data:`SERVER_FOLLOW` seconds. A server collection has no
-writer lock: running one writer at a time is the user's to ensure. Each commit saves the
-manifest with a new random ``commit`` id, after checking that the id there is still the one
-this writer last read or saved; if another writer committed meanwhile, the commit raises
-IndexLockedError rather than overwrite that writer's manifest (a check, not a lock: two
-commits at the same instant can both pass it). ``create`` makes the collection marked as
+language statistics) at most every :data:`SERVER_FOLLOW` seconds. One writer at a time: a
+writer takes a lease on the collection when it opens it (or makes it), renews it as it writes
+and gives it back at close (:mod:`.qdrant_lease`: a point in ``<collection>-vecplug-writer``,
+changed by conditional upserts; a second writer gets IndexLockedError naming the first; a
+killed writer's lease lapses in ``options["lease_seconds"]``, 60, or at once on its own
+machine). Behind it, each commit saves the manifest with a new random ``commit`` id, after
+checking that the id there is still the one this writer last read or saved; if another
+writer committed meanwhile (it took the lease of one idle past it), the commit raises
+IndexLockedError rather than overwrite that writer's manifest. ``create`` makes the collection marked as
 being made (no manifest: it does not exist yet for vecplug), then the ``lang`` payload index,
 then writes the manifest; an open that finds the index missing makes it.
 
@@ -101,7 +104,7 @@ stray errors). What is checked, when:
   reads every point (its id derives from its ``_id``, its vector is finite) and the count.
 
 One writer, many readers. A second writer of a folder fails at once
-(:class:`~vecplug.errors.IndexLockedError`; a server collection has no lock, see above).
+(:class:`~vecplug.errors.IndexLockedError`; of a server collection: its lease, see above).
 A reader (``writable=False``) that cannot open the shard in place (another process has it, the
 folder is read-only, or the disk is too full for the engine, which writes as it opens) reads a
 private copy of the last commit instead:
@@ -188,6 +191,7 @@ from vecplug.adapters.stores.base import Record, StoreHit, VectorStore, ordered_
 from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, _dense, _Edge, _point_id,
                                                  full_scan_threshold, search_params)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
+from vecplug.adapters.stores.qdrant_lease import LEASE_SECONDS, WriterLease
 from vecplug.errors import (CorruptIndexError, IndexLockedError, IndexNotFoundError,
                              MissingDependencyError, VecplugError)
 from vecplug.fsutil import atomic_write_bytes, storage_error
@@ -281,6 +285,18 @@ class _Server:
     def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """``fn(*args, **kwargs)`` with :func:`_retry`, naming this server if it is unreachable."""
         return _retry(fn, *args, where=self.location, **kwargs)
+
+    def take_lease(self, options: dict[str, Any]) -> WriterLease:
+        """This writer's lease on the collection, taken (:mod:`.qdrant_lease`); closes the
+        client when another writer holds it."""
+        lease = WriterLease(self.client, self.m, self.name, self.where, self._call,
+                            float(options.get("lease_seconds", LEASE_SECONDS)))
+        try:
+            lease.take()
+        except BaseException:
+            self.close()
+            raise
+        return lease
 
     def _entry(self) -> tuple[Any, Any]:
         """The collection's info and our metadata entry in it as it is, or (None, None) when
@@ -379,21 +395,21 @@ class _Server:
 
     def commit(self, meta: dict[str, Any]) -> dict[str, Any]:
         """Replace the manifest (every write was already acknowledged with ``wait=True``) and
-        return it as saved, with a new commit id. A server collection has no writer lock: if
-        the manifest there is no longer the one ``meta`` follows (another writer committed, or
-        made the collection anew, since), this raises IndexLockedError instead of overwriting
-        that writer's manifest and language statistics. A check, not a lock: two commits at
-        the same instant can still both pass it."""
+        return it as saved, with a new commit id. Behind the writer lease: if the manifest
+        there is no longer the one ``meta`` follows (another writer took the lease while this
+        one was idle past it and committed, or made the collection anew), this raises
+        IndexLockedError instead of overwriting that writer's manifest and language
+        statistics."""
         current = self.meta()
         if current is None:
             raise IndexNotFoundError(f"{self.where} is gone or holds no vecplug manifest now")
         if current.get("commit") != meta.get("commit"):
             raise IndexLockedError(
-                f"{self.where} was committed to by another writer since this one opened it (a "
-                "Qdrant server collection has no writer lock: run one writer at a time). This "
-                "commit is refused so as not to overwrite that writer's manifest; the documents "
-                "this one wrote are in the collection, and opening the index for writing again "
-                "(vecplug index) fits the language statistics to them")
+                f"{self.where} was committed to by another writer since this one opened it (it "
+                "took this writer's lease while this one was idle past it). This commit is "
+                "refused so as not to overwrite that writer's manifest; the documents this one "
+                "wrote are in the collection, and opening the index for writing again (vecplug "
+                "index) fits the language statistics to them")
         saved = {**meta, "commit": uuid.uuid4().hex}
         self.save_meta(saved)
         return saved
@@ -419,8 +435,10 @@ class QdrantStore(VectorStore):
 
     name: ClassVar[str] = "qdrant"
 
-    def __init__(self, backend: _Server | _Edge, meta: dict[str, Any], writable: bool) -> None:
+    def __init__(self, backend: _Server | _Edge, meta: dict[str, Any], writable: bool,
+                 lease: WriterLease | None = None) -> None:
         self._b: _Server | _Edge | None = backend
+        self._lease = lease  # a server writer's (an embedded one holds writer.lock)
         self._meta = meta  # {"format": FORMAT, "dim": int, "manifest": dict}
         self._dim = int(meta["dim"])
         self._writable = writable
@@ -446,6 +464,8 @@ class QdrantStore(VectorStore):
     def create(cls, location: str, dim: int, manifest: dict[str, Any],
                options: dict[str, Any]) -> "QdrantStore":
         b = cls._backend(location, options)
+        # before anything is made or dropped: another writer may be writing the collection
+        lease = b.take_lease(options) if isinstance(b, _Server) else None
         store = {"name": cls.name, "space": "cosine",
                  "mode": "server" if isinstance(b, _Server) else "embedded (qdrant-edge)"}
         if isinstance(b, _Server):
@@ -453,23 +473,47 @@ class QdrantStore(VectorStore):
         manifest = {**copy.deepcopy(manifest), "dim": int(dim), "store": store}
         meta = {"format": FORMAT, "dim": int(dim), "manifest": manifest}
         if isinstance(b, _Server):
-            meta = b.create(int(dim), meta)  # as saved: with the id a commit checks (_Server.commit)
+            try:
+                meta = b.create(int(dim), meta)  # as saved: with the id a commit checks (_Server.commit)
+            except BaseException:
+                cls._give_up(b, lease)
+                raise
         else:
             b.create(int(dim), meta)
-        return cls(b, meta, writable=True)
+        return cls(b, meta, writable=True, lease=lease)
 
     @classmethod
     def open(cls, location: str, options: dict[str, Any], writable: bool = False) -> "QdrantStore":
         b = cls._backend(location, options)
         meta = cls._checked(b, b.meta())  # before any engine file is read: crafted folders stay shut
+        lease = None
         if isinstance(b, _Server):
-            cls._index_lang(b, writable)
+            if writable:
+                lease = b.take_lease(options)
+            try:
+                if writable:
+                    meta = cls._checked(b, b.meta())  # as the last writer left it
+                cls._index_lang(b, writable)
+            except BaseException:
+                cls._give_up(b, lease)
+                raise
         if isinstance(b, _Edge):
             # finishes a commit a crash interrupted, which may write the manifest; a reader
             # may get a copy of the last commit instead (module docstring)
             b.load(reader=not writable)
             meta = cls._checked(b, b.served or b.meta())
-        return cls(b, meta, writable)
+        return cls(b, meta, writable, lease)
+
+    @staticmethod
+    def _give_up(b: _Server, lease: WriterLease | None) -> None:
+        """After a failed create or open: the lease given back (best effort), the client closed."""
+        try:
+            if lease is not None:
+                lease.give_back()
+        except Exception:  # noqa: BLE001 - the error that brought us here is the one to see
+            pass
+        finally:
+            b.close()
 
     @staticmethod
     def _index_lang(b: _Server, writable: bool) -> None:
@@ -511,6 +555,8 @@ class QdrantStore(VectorStore):
             raise VecplugError("the qdrant store is closed")
         if write and not self._writable:
             raise VecplugError("the qdrant store was opened read-only")
+        if write and self._lease is not None:
+            self._lease.keep()  # renewed, or IndexLockedError before anything is written
         return self._b
 
     def commit_token(self) -> int:
@@ -625,4 +671,12 @@ class QdrantStore(VectorStore):
     def close(self) -> None:
         if self._b is not None:
             self._b, b = None, self._b
-            b.close()
+            lease, self._lease = self._lease, None
+            try:
+                if lease is not None:
+                    lease.give_back()
+            except Exception as exc:  # noqa: BLE001 - an unreachable server: the lease lapses
+                warnings.warn(f"could not give back the writer lease of {b.where} ({exc}); it "
+                              f"lapses within {lease.seconds:g} s", RuntimeWarning, stacklevel=2)
+            finally:
+                b.close()
