@@ -23,6 +23,24 @@ def test_precedence_flag_over_env_over_yaml(tmp_path: Path) -> None:
     assert load_settings(environ=env).search.k == 7  # env over yaml
 
 
+def test_a_store_named_above_a_server_url_wins(tmp_path: Path) -> None:
+    """A URL (a Qdrant server) from YAML or the environment gives way to a higher layer that
+    names hnswlib (``--store hnswlib``); a URL in the same or a higher layer stays."""
+    from vecplug.api import _store_target
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("index: {url: 'http://127.0.0.1:9'}\n")
+    flag = {"index": {"store": "hnswlib", "path": "idx"}}
+    for env in ({"VECPLUG_CONFIG": str(cfg)}, {"VECPLUG_INDEX_URL": "http://127.0.0.1:9"}):
+        assert _store_target(load_settings(environ=env))[1] == "http://127.0.0.1:9"
+        s = load_settings(overrides=flag, environ=env)
+        assert s.index.url is None and _store_target(s)[0].name == "hnswlib" and _store_target(s)[1] == "idx"
+    s = load_settings(overrides={"index": {"store": "qdrant"}}, environ={"VECPLUG_INDEX_URL": "http://h:1"})
+    assert _store_target(s)[1] == "http://h:1"  # qdrant at that server
+    s = load_settings(overrides={"index": {"url": "http://h:1"}}, environ={"VECPLUG_INDEX_STORE": "hnswlib"})
+    assert _store_target(s)[1] == "http://h:1"  # the URL is the higher layer
+
+
 def test_unknown_keys_rejected(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("search: {kk: 3}\n")

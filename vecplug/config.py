@@ -347,6 +347,9 @@ def load_settings(config_file: str | Path | None = None,
                 continue
             if not isinstance(values, Mapping):
                 raise ConfigError(f"{where}: section '{section}' must be a mapping")
+            if section == "index" and "url" not in values and str(values.get("store", "")).strip() == "hnswlib":
+                # a URL means a Qdrant server: a layer above that names hnswlib overrides it
+                values = {**values, "url": None}
             current = getattr(settings, section)
             settings = dataclasses.replace(settings, **{section: _apply(current, values, f"{where}: {section}")})
     return settings.validate()
