@@ -261,6 +261,12 @@ def test_a_folder_holds_the_store_it_was_made_with(tmp_path: Path, tiny_model: P
         vecplug.create_index(docs, settings=settings)
     assert sorted(p.name for p in own.iterdir()) == ["manifest.json"]
     assert (own / "manifest.json").read_text() == '{"name": "my project"}'
+    # found before any model is looked for, let alone built and loaded (either store)
+    for store in ("hnswlib", "qdrant"):
+        settings = vecplug.load_settings(overrides={"index": {"path": str(own), "store": store},
+                                                    "model": {"document": str(tmp_path / "no-such-model")}})
+        with pytest.raises(vecplug.VecplugError, match=f"not empty and not a vecplug {store[:6]}"):
+            vecplug.create_index(docs, settings=settings)
     # a corpus that is not there: an error before any index is made
     with pytest.raises(vecplug.VecplugError, match="does not exist"):
         vecplug.create_index(tmp_path / "missing", path=str(tmp_path / "x3"))

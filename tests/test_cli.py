@@ -88,6 +88,20 @@ def test_mismatched_model_is_refused(corpus: Path, tiny_model: Path, other_tiny_
     assert "mismatch" in out
 
 
+def test_another_dimension_s_model_is_refused_naming_both(corpus: Path, tiny_model: Path,
+                                                          tiny_student: Path, tmp_path: Path) -> None:
+    """An index whose queries go through a student: another document encoder (here of another
+    dimension) is refused as a document encoder mismatch naming both, not as the student's
+    dimension disagreeing with it."""
+    from conftest import build_tiny_model
+
+    wide = build_tiny_model(tmp_path / "tiny-wide", hidden=48)
+    run("index", str(corpus), "--model", str(tiny_model), "--query-encoder", str(tiny_student), "-q")
+    for args in (("search", "fox"), ("index", str(corpus))):
+        out = run(*args, "--model", str(wide), ok=False)
+        assert "document encoder mismatch" in out and str(tiny_model) in out and str(wide) in out, out
+
+
 def test_config_file_and_env(corpus: Path, tiny_model: Path, tmp_path: Path,
                              monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "vecplug.yaml"

@@ -127,6 +127,7 @@ class Index:
             return cls(settings, store_cls.open(location, options, writable=writable), writable)
         if not create:
             raise IndexNotFoundError(f"no vecplug index at {location}; create one with: vecplug index PATH")
+        store_cls.check_location(location, options)  # before a model is built and loaded for it
         index = cls(settings, None, True)
         encoder = index.encoder  # the manifest needs the model's dimension and checksum
         index.store = store_cls.create(location, encoder.dim, index._new_manifest(), options)
@@ -158,6 +159,14 @@ class Index:
             m = self.settings.model
             built = self.manifest
             document = m.document or built.get("document_encoder") or DEFAULT_MODEL
+            if built and m.document:
+                # another document encoder is refused naming both before any query encoder is
+                # paired with it (the index's student would fail first, on its dimension)
+                from vecplug.indexer.models import resolve_model
+
+                given = resolve_model(m.document)
+                check_encoder({k: built[k] for k in ("document_encoder", "document_encoder_checksum") if k in built},
+                              {"document_encoder": given.spec, "document_encoder_checksum": given.checksum})
             # queries: the flag, else what the index was built with, else the student
             # registered for the document encoder (if any), else the document encoder
             query = m.query or built.get("query_encoder") or DEFAULT_STUDENTS.get(document)

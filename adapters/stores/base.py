@@ -145,6 +145,12 @@ class VectorStore(ABC):
         """Whether a committed index exists at ``location``."""
 
     @classmethod
+    def check_location(cls, location: str, options: dict[str, Any]) -> None:
+        """Raise the error :meth:`create` would raise because of what is at ``location`` (a
+        folder holding someone else's files): checked before a model is loaded for a new
+        index. This default checks nothing."""
+
+    @classmethod
     @abstractmethod
     def create(cls, location: str, dim: int, manifest: dict[str, Any],
                options: dict[str, Any]) -> "VectorStore":

@@ -167,17 +167,21 @@ class HnswStore(VectorStore):
         return (Path(location) / DB_NAME).is_file()
 
     @classmethod
+    def check_location(cls, location: str, options: dict[str, Any]) -> None:
+        foreign = _foreign_files(Path(location))
+        if foreign:
+            # another store's index, or someone's own files: never write over them
+            raise VecplugError(f"{location} is not empty and not a vecplug hnswlib index (it holds "
+                               f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                               "give --index a new or empty folder")
+
+    @classmethod
     def create(cls, location: str, dim: int, manifest: dict[str, Any],
                options: dict[str, Any]) -> "HnswStore":
         folder = Path(location)
         if cls.exists(location, options):
             raise VecplugError(f"an index already exists at {folder}")
-        foreign = _foreign_files(folder)
-        if foreign:
-            # another store's index, or someone's own files: never write over them
-            raise VecplugError(f"{folder} is not empty and not a vecplug hnswlib index (it holds "
-                               f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
-                               "give --index a new or empty folder")
+        cls.check_location(location, options)
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

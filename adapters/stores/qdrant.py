@@ -461,6 +461,11 @@ class QdrantStore(VectorStore):
             b.close()
 
     @classmethod
+    def check_location(cls, location: str, options: dict[str, Any]) -> None:
+        if not _is_server(location, options):  # a server's collection is checked as it is made
+            _Edge.check_folder(location)
+
+    @classmethod
     def create(cls, location: str, dim: int, manifest: dict[str, Any],
                options: dict[str, Any]) -> "QdrantStore":
         b = cls._backend(location, options)

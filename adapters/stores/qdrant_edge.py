@@ -186,6 +186,19 @@ class _Edge:
     def meta(self) -> dict[str, Any] | None:
         return self.read_meta(self.folder)
 
+    @classmethod
+    def check_folder(cls, folder: str) -> None:
+        """Refuse a folder that holds other files than a vecplug qdrant index (or what making
+        one leaves when cut short): :meth:`create` would delete them."""
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # not there (yet): making it reports what is in the way
+        leftovers = all(n in (SHARD, REDO, LOCK, COPY_LOCK, TURN_LOCK) or n.startswith(("." + MANIFEST, "." + REDO, STAMP))
+                        for n in names)
+        if not (leftovers or cls.read_meta(folder) is not None):
+            raise VecplugError(f"{folder} is not empty and not a vecplug qdrant index")
+
     # -- opening -------------------------------------------------------------------------------
 
     def load(self, recover: bool = True, reader: bool = False) -> None:
@@ -544,10 +557,7 @@ class _Edge:
     def create(self, dim: int, meta: dict[str, Any]) -> None:
         q, manifest = self.q, os.path.join(self.folder, MANIFEST)
         if os.path.isdir(self.folder):
-            leftovers = all(n in (SHARD, REDO, LOCK, COPY_LOCK, TURN_LOCK) or n.startswith(("." + MANIFEST, "." + REDO, STAMP))
-                            for n in os.listdir(self.folder))
-            if not (leftovers or self.meta() is not None):  # never delete what is not ours
-                raise VecplugError(f"{self.folder} is not empty and not a vecplug qdrant index")
+            self.check_folder(self.folder)  # never delete what is not ours
             try:  # taking the WAL lock proves that nobody has the old index open
                 self.load(recover=False)
                 self.close()
