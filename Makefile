@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_INDEX ?= .demo-index
-# torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs)
+# torch first, pinned: this machine has its CPU build; a bare requirement pulls CUDA (GBs).
+# Where pip finds torch on PyPI (a Linux wheel with CUDA libraries), take the CPU build with
+#   make TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu' test
 TORCH ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
 
 .PHONY: setup models demo test test-fast bench bench-speed bench-students bench-students-dim bench-students-ffn bench-eval clean
 
@@ -15,7 +18,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
