@@ -1084,3 +1084,46 @@ def test_replace_folder_removes_what_a_killed_replacement_set_aside(tmp_path: Pa
     replace_folder(new, tmp_path / "model")
     assert (tmp_path / "model" / "weights").read_text() == "new"
     assert not killed.exists() and live.exists() and all(p.exists() for p in others)
+
+
+def test_an_hnswlib_index_killed_while_it_is_made_opens_or_is_made_again(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database takes its name with its first commit record in it: a kill right after the
+    rename leaves an index that opens (empty, with its manifest). A database without a record
+    (what earlier versions left there) is no index: the next run makes one in its place."""
+    import sqlite3
+
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.hnsw import _SCHEMA, DB_NAME, HnswStore
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the moment after the rename
+
+    folder = tmp_path / "idx"
+    with monkeypatch.context() as m:
+        m.setattr(HnswStore, "_open", classmethod(killed))
+        with pytest.raises(KeyboardInterrupt):
+            HnswStore.create(str(folder), 4, {"who": "first"}, {})
+    assert HnswStore.exists(str(folder), {})
+    store = HnswStore.open(str(folder), {}, writable=True)
+    assert store.count() == 0 and store.dim == 4 and store.manifest["who"] == "first"
+    store.upsert([Record("a", "t", "s", 0, "en")], np.ones((1, 4), np.float32) / 2)
+    store.commit()
+    store.close()
+
+    half = tmp_path / "half"
+    half.mkdir()
+    db = sqlite3.connect(half / DB_NAME, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(_SCHEMA)
+    db.close()
+    assert not HnswStore.exists(str(half), {})
+    with pytest.raises(Exception, match="no vecplug index"):
+        HnswStore.open(str(half), {})
+    store = HnswStore.create(str(half), 4, {"who": "again"}, {})
+    store.upsert([Record("a", "t", "s", 0, "en")], np.ones((1, 4), np.float32) / 2)
+    store.commit()
+    store.close()
+    again = HnswStore.open(str(half), {})
+    assert again.count() == 1 and again.manifest["who"] == "again"
+    again.close()

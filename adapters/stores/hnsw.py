@@ -104,7 +104,28 @@ def _foreign_files(folder: Path) -> list[str]:
     except OSError as exc:
         raise storage_error(exc, f"cannot read the index folder {folder}") from exc
     ours = ("writer.lock", STAMP_NAME, "lost+found")  # lost+found: a fresh ext4 mount point
+    if DB_NAME in names and _uncommitted(folder / DB_NAME):
+        ours += _DB_FILES  # a creation cut short before its first commit: made again
     return [n for n in names if n not in ours and not n.startswith((f".{DB_NAME}.", f".{MANIFEST_NAME}."))]
+
+
+_DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
+
+
+def _uncommitted(path: Path) -> bool:
+    """Whether the database at ``path`` holds no commit record: an index whose creation was
+    cut short (by versions that put the database in place before its first commit). One that
+    cannot be read is not taken for that: opening it reports the damage."""
+    try:
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        return db.execute("SELECT COUNT(*) FROM meta WHERE key = 'manifest'").fetchone()[0] == 0
+    except sqlite3.Error:
+        return False
+    finally:
+        db.close()
 
 
 def _row_crc(label: int, rid: str, text: str, source: str, position: int, lang: str | None,
@@ -164,7 +185,8 @@ class HnswStore(VectorStore):
 
     @classmethod
     def exists(cls, location: str, options: dict[str, Any]) -> bool:
-        return (Path(location) / DB_NAME).is_file()
+        path = Path(location) / DB_NAME
+        return path.is_file() and not _uncommitted(path)
 
     @classmethod
     def check_location(cls, location: str, options: dict[str, Any]) -> None:
@@ -194,11 +216,24 @@ class HnswStore(VectorStore):
                         "store": {"name": cls.name, "space": "cosine", **opts}}
             tmp_db = folder / f".{DB_NAME}.{os.getpid()}.tmp"
             try:
+                if (folder / DB_NAME).is_file() and _uncommitted(folder / DB_NAME):
+                    for name in _DB_FILES:  # a creation cut short (under the lock: nobody's now)
+                        (folder / name).unlink(missing_ok=True)
                 tmp_db.unlink(missing_ok=True)
                 db = sqlite3.connect(tmp_db, isolation_level=None)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.executescript(_SCHEMA)
+                # the first commit record goes in before the database takes its name: an index
+                # exists only with one (a kill right after the rename left one without, that
+                # every later run failed to open)
+                meta: dict[str, Any] = {"manifest": manifest, "generation": 0, "next_label": 0,
+                                        "hnsw_file": None, "count": 0}
+                meta["checksum"] = json_checksum(meta)
+                db.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
+                               [(key, json.dumps(value)) for key, value in meta.items()])
                 db.close()
+                with open(tmp_db, "rb+") as fh:
+                    os.fsync(fh.fileno())
                 os.replace(tmp_db, folder / DB_NAME)  # the index exists only once complete
                 fsync_path(folder)
             except OSError as exc:
@@ -209,7 +244,7 @@ class HnswStore(VectorStore):
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{tmp_db}{suffix}").unlink(missing_ok=True)
             store = cls._open(folder, writable=True, lock=lock, options=options)
-            store.commit(manifest)
+            store.commit()  # the stamp and manifest.json beside the record
             return store
         except BaseException:
             lock.release()
