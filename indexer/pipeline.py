@@ -176,7 +176,17 @@ class _Writer:
         self.report.unchanged += len(batch) - len(todo)
         todo_ids = {d.id for d in todo}
         self.seen.update(d.id for d in batch if d.id not in todo_ids)
+        # the same document at another line (lines above it added or removed): its record is
+        # written again with its stored vector, not encoded again
+        moved = [d for d in batch if d.id not in todo_ids and existing[d.id].position != d.position]
+        if moved:
+            self.writing = True
+            self.store.upsert([self.make_record(d) for d in moved], self.store.vectors([d.id for d in moved]))
+            self.since_commit += len(moved)
+            self.writing = False
         if not todo:
+            if moved:
+                self._pace()
             return
         t0 = time.perf_counter()
         vectors = self.encoder.encode_documents([d.text for d in todo], progress=False)
@@ -295,6 +305,8 @@ def _with_lang(doc: Document, lang: str | None) -> Document:
 
 
 def _unchanged(old: Any, doc: Document) -> bool:
+    """Whether ``doc`` needs no new vector: the same text, language, payload and source as the
+    stored record ``old`` (its position may differ: :meth:`_Writer.add` rewrites the record)."""
     # a store reads an undetermined language back as None, where the detector says "und"
     return (old is not None and old.text == doc.text and (old.lang or "und") == (doc.lang or "und")
             and old.payload == doc.payload and old.source == doc.source)

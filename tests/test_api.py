@@ -1,8 +1,10 @@
 """The Python API, as the README shows it."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import vecplug
@@ -457,6 +459,36 @@ def test_a_long_lived_reader_follows_the_writer_s_languages(tmp_path: Path, kind
     finally:
         reader.close()
         writer.close()
+
+
+def test_a_record_that_moved_to_another_line_keeps_its_vector_and_takes_its_new_line(
+        tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines removed above JSONL records: a second run stores their new line numbers, as a
+    clean build would, without encoding them again."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    lines = [{"id": f"r{i}", "text": f"record number {i} about water"} for i in range(3)]
+    (docs / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(docs, settings=settings) as index:
+        before = {r.id: r for r in index.store.get(list(index.store.ids()))}
+        vectors = index.store.vectors(sorted(before))
+    (docs / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines[1:]))
+    from vecplug.indexer.encoder import Encoder
+
+    encoded: list[str] = []
+    real = Encoder.encode_documents
+    monkeypatch.setattr(Encoder, "encode_documents",
+                        lambda self, texts, **kw: encoded.extend(texts) or real(self, texts, **kw))
+    with vecplug.create_index(docs, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (0, 2, 1)
+    assert encoded == []
+    with vecplug.open_index(str(tmp_path / "idx")) as index:
+        after = {r.id: r for r in index.store.get(list(index.store.ids()))}
+        assert {i: r.position for i, r in after.items()} == {"a.jsonl#r1": 1, "a.jsonl#r2": 2}
+        assert {i: before[i].position for i in after} == {"a.jsonl#r1": 2, "a.jsonl#r2": 3}
+        np.testing.assert_array_equal(index.store.vectors(sorted(after)), vectors[1:])
 
 
 def test_a_document_of_undetermined_language_is_unchanged_on_a_second_run(tmp_path: Path, tiny_model: Path) -> None:
