@@ -1040,10 +1040,15 @@ def test_a_server_collection_takes_one_writer_at_a_time() -> None:
         QdrantStore.open("http://x", opts, writable=True)
 
 
-def test_a_server_writer_whose_lease_was_taken_cannot_overwrite_the_takers_manifest() -> None:
-    """The commit check behind the lease: a writer idle past its lease while another took it,
-    committed and gave it back, gets the lease again at its next write, but its commit would
-    overwrite the other's manifest and language statistics: refused (IndexLockedError)."""
+def _lease_holder(client: Any) -> dict[str, Any]:
+    (point,) = client.retrieve("vecplug-vecplug-writer", [1])
+    return point.payload
+
+
+def test_a_writer_idle_past_its_lease_stays_refused_after_the_taker_gives_it_back() -> None:
+    """A lease given back lapses under its last writer's name (it is not deleted, which the
+    idle writer's next renewal would have taken back): the idle writer's delete is refused
+    before it removes anything the other committed."""
     qdrant_client = pytest.importorskip("qdrant_client")
     from vecplug.adapters.stores import Record
     from vecplug.adapters.stores.qdrant import QdrantStore
@@ -1051,18 +1056,120 @@ def test_a_server_writer_whose_lease_was_taken_cannot_overwrite_the_takers_manif
 
     opts = {"client": qdrant_client.QdrantClient(":memory:"), "lease_seconds": 0.3}
     QdrantStore.create("http://x", 4, {"who": "create"}, opts).close()
-    first = QdrantStore.open("http://x", opts, writable=True)
-    first.commit({"who": "first"})
+    idle = QdrantStore.open("http://x", opts, writable=True)
     time.sleep(0.4)
+    taker = QdrantStore.open("http://x", opts, writable=True)
+    taker.upsert([Record("b", "t", "s", 0, "de")], np.ones((1, 4), np.float32) / 2)
+    taker.commit({"who": "taker"})
+    taker.close()
+    assert _lease_holder(opts["client"])["expires"] == 0.0
+    with pytest.raises(IndexLockedError, match="taken over by another writer"):
+        idle.delete(["b"])
+    with pytest.raises(IndexLockedError, match="taken over by another writer"):
+        idle.commit({"who": "idle"})
+    idle.close()
+    reader = QdrantStore.open("http://x", opts)
+    assert reader.count() == 1 and reader.manifest["who"] == "taker"
+    QdrantStore.open("http://x", opts, writable=True).close()  # the next writer gets it
+
+
+def test_the_commit_check_stops_a_writer_that_lost_its_lease_unseen() -> None:
+    """Behind the lease (a writer frozen past it, clocks apart, a lease collection dropped): a
+    commit that would overwrite a manifest another writer committed is refused."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore
+    from vecplug.errors import IndexLockedError
+
+    opts = {"client": qdrant_client.QdrantClient(":memory:")}
+    QdrantStore.create("http://x", 4, {"who": "create"}, opts).close()
+    first = QdrantStore.open("http://x", opts, writable=True)
+    opts["client"].delete_collection("vecplug-vecplug-writer")  # its lease gone, unseen
     second = QdrantStore.open("http://x", opts, writable=True)
-    second.upsert([Record("b", "t", "s", 0, "de")], np.ones((1, 4), np.float32))
+    second.upsert([Record("b", "t", "s", 0, "de")], np.ones((1, 4), np.float32) / 2)
     second.commit({"who": "second"})
     second.close()
     with pytest.raises(IndexLockedError, match="committed to by another writer"):
-        first.commit({"who": "first again"})
+        first.commit({"who": "first"})
     assert QdrantStore.open("http://x", opts).manifest["who"] == "second"
     first.close()
-    QdrantStore.open("http://x", opts, writable=True).commit({"who": "third"})
+
+
+def test_a_long_write_call_renews_the_lease_for_each_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One delete (or upsert) call sends a request per 256 ids: each goes out under a lease
+    that has not lapsed, however long the whole call takes."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore, _Server
+
+    opts = {"client": qdrant_client.QdrantClient(":memory:"), "lease_seconds": 0.4}
+    QdrantStore.create("http://x", 4, {}, opts).close()
+    store = QdrantStore.open("http://x", opts, writable=True)
+    ids = [f"d{i}" for i in range(1024)]
+    store.upsert([Record(i, "t", "s", 0, "en") for i in ids], np.ones((1024, 4), np.float32) / 2)
+    slack: list[float] = []
+    real = _Server.delete
+
+    def slow_delete(self: Any, point_ids: list[str]) -> None:
+        slack.append(_lease_holder(opts["client"])["expires"] - time.time())
+        time.sleep(0.15)
+        real(self, point_ids)
+
+    monkeypatch.setattr(_Server, "delete", slow_delete)
+    store.delete(ids)
+    assert len(slack) == 4 and min(slack) > 0, slack
+    store.close()
+
+
+def test_a_writer_open_that_fails_gives_its_lease_back_before_it_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store closes a client it made itself (a URL) when an open fails: the lease it took
+    is given back first, not left to lapse."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores.qdrant import QdrantStore, _Server
+
+    opts = {"client": qdrant_client.QdrantClient(":memory:")}
+    QdrantStore.create("http://x", 4, {}, opts).close()
+    real_call = _Server._call
+
+    def closes(self: Any) -> None:  # as with a client of its own: unusable once closed
+        self.closed = True
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        assert not getattr(self, "closed", False), "a closed client was used"
+        return real_call(self, *args, **kwargs)
+
+    def refused(self: Any, info: Any = None) -> None:
+        raise RuntimeError("the server refused the payload index")
+
+    monkeypatch.setattr(_Server, "close", closes)
+    monkeypatch.setattr(_Server, "_call", call)
+    monkeypatch.setattr(_Server, "ensure_index", refused)
+    with pytest.raises(RuntimeError, match="refused the payload index"):
+        QdrantStore.open("http://x", opts, writable=True)
+    assert _lease_holder(opts["client"])["expires"] == 0.0
+
+
+@pytest.mark.parametrize("server", [True, False])
+def test_an_index_made_meanwhile_is_not_made_again_over(tmp_path: Path, server: bool) -> None:
+    """Two runs find no index; the first makes and commits it while the second loads its model.
+    The second's create is refused: it would have dropped the first one's documents."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores import Record
+    from vecplug.adapters.stores.qdrant import QdrantStore
+    from vecplug.errors import VecplugError
+
+    location, opts = ("http://x", {"client": qdrant_client.QdrantClient(":memory:")}) if server \
+        else (str(tmp_path / "idx"), {})
+    assert not QdrantStore.exists(location, opts)  # both runs see this
+    first = QdrantStore.create(location, 4, {}, opts)
+    first.upsert([Record("a", "t", "s", 0, "en")], np.ones((1, 4), np.float32) / 2)
+    first.commit()
+    first.close()
+    with pytest.raises(VecplugError, match="an index already exists"):
+        QdrantStore.create(location, 4, {}, opts)
+    reader = QdrantStore.open(location, opts)
+    assert reader.count() == 1
+    reader.close()
 
 
 def test_replace_folder_removes_what_a_killed_replacement_set_aside(tmp_path: Path) -> None:

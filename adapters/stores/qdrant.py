@@ -287,15 +287,11 @@ class _Server:
         return _retry(fn, *args, where=self.location, **kwargs)
 
     def take_lease(self, options: dict[str, Any]) -> WriterLease:
-        """This writer's lease on the collection, taken (:mod:`.qdrant_lease`); closes the
-        client when another writer holds it."""
+        """This writer's lease on the collection, taken (:mod:`.qdrant_lease`); IndexLockedError
+        when another writer holds it."""
         lease = WriterLease(self.client, self.m, self.name, self.where, self._call,
                             float(options.get("lease_seconds", LEASE_SECONDS)))
-        try:
-            lease.take()
-        except BaseException:
-            self.close()
-            raise
+        lease.take()
         return lease
 
     def _entry(self) -> tuple[Any, Any]:
@@ -469,8 +465,17 @@ class QdrantStore(VectorStore):
     def create(cls, location: str, dim: int, manifest: dict[str, Any],
                options: dict[str, Any]) -> "QdrantStore":
         b = cls._backend(location, options)
-        # before anything is made or dropped: another writer may be writing the collection
-        lease = b.take_lease(options) if isinstance(b, _Server) else None
+        lease = None
+        if isinstance(b, _Server):
+            try:
+                # before anything is made or dropped: another writer may be writing the collection,
+                # or may have made and committed it since the caller found none
+                lease = b.take_lease(options)
+                if b.meta() is not None:
+                    raise VecplugError(f"an index already exists in {b.where}")
+            except BaseException:
+                cls._give_up(b, lease)
+                raise
         store = {"name": cls.name, "space": "cosine",
                  "mode": "server" if isinstance(b, _Server) else "embedded (qdrant-edge)"}
         if isinstance(b, _Server):
@@ -493,11 +498,10 @@ class QdrantStore(VectorStore):
         meta = cls._checked(b, b.meta())  # before any engine file is read: crafted folders stay shut
         lease = None
         if isinstance(b, _Server):
-            if writable:
-                lease = b.take_lease(options)
-            try:
+            try:  # a failure from here gives the lease back before the client closes
                 if writable:
-                    meta = cls._checked(b, b.meta())  # as the last writer left it
+                    lease = b.take_lease(options)
+                    meta = cls._checked(b, b.meta(), close=False)  # as the last writer left it
                 cls._index_lang(b, writable)
             except BaseException:
                 cls._give_up(b, lease)
@@ -529,16 +533,18 @@ class QdrantStore(VectorStore):
             b.ensure_index(b.info)
         except Exception as exc:  # noqa: BLE001 - the reader goes on; a writer must not
             if writable:
-                b.close()
-                raise
+                raise  # the caller gives its lease back and closes
             warnings.warn(f"{b.where} has no payload index on 'lang' and this reader could not "
                           f"make it: {exc}", RuntimeWarning, stacklevel=3)
 
     @staticmethod
-    def _checked(b: _Server | _Edge, meta: dict[str, Any] | None) -> dict[str, Any]:
+    def _checked(b: _Server | _Edge, meta: dict[str, Any] | None, close: bool = True) -> dict[str, Any]:
+        """``meta`` if it is a manifest entry this store can serve, else an error (``b`` closed
+        first unless ``close`` is False: the caller still has a lease to give back)."""
         if meta is None or not isinstance(meta.get("dim"), int) or not isinstance(
                 meta.get("manifest"), dict):
-            b.close()
+            if close:
+                b.close()
             if meta is None:
                 raise IndexNotFoundError(f"no vecplug qdrant index in {b.where}")
             raise CorruptIndexError(f"malformed vecplug manifest in {b.where}")
@@ -600,12 +606,16 @@ class QdrantStore(VectorStore):
         refuse_unstorable(records)  # the whole batch, before any of it is staged or sent
         for a in range(0, len(records), _BATCH):
             chunk = records[a:a + _BATCH]
+            if a and self._lease is not None:
+                self._lease.keep()  # one call can outlast the lease: renewed per request
             b.upsert([_point_id(r.id) for r in chunk], vecs[a:a + _BATCH],
                      [_to_payload(r) for r in chunk])
 
     def delete(self, ids: Sequence[str]) -> None:
         b = self._live(write=True)
         for a in range(0, len(ids), _BATCH):  # unknown ids are no-ops in Qdrant
+            if a and self._lease is not None:
+                self._lease.keep()  # one call can outlast the lease: renewed per request
             b.delete([_point_id(i) for i in ids[a:a + _BATCH]])
 
     def search(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,

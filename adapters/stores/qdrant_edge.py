@@ -558,6 +558,8 @@ class _Edge:
         q, manifest = self.q, os.path.join(self.folder, MANIFEST)
         if os.path.isdir(self.folder):
             self.check_folder(self.folder)  # never delete what is not ours
+            if self.meta() is not None:  # made and committed since the caller found none
+                raise VecplugError(f"an index already exists at {self.folder}")
             try:  # taking the WAL lock proves that nobody has the old index open
                 self.load(recover=False)
                 self.close()

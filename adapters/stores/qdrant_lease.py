@@ -10,11 +10,14 @@ that point:
   point is absent, is ours, has lapsed (``expires`` in the past), or belongs to a process of
   this host that no longer runs (a writer killed on this machine frees it at once); then read
   it back: ours, or :class:`~vecplug.errors.IndexLockedError` naming the holder;
-* **keep**: before each write, once a quarter of the lease has passed since it was last
-  renewed, renew it on condition that it is still ours (so every write happens with at least
-  three quarters of it left); a lease another writer took after ours lapsed (this writer was
-  idle past it) is an IndexLockedError before anything is written;
-* **give back** at close: delete the point on condition that it is ours.
+* **keep**: before each write request (one store call may send many), once a quarter of the
+  lease has passed since it was last renewed, renew it on condition that it is still ours (so
+  every request goes out with at least three quarters of it left); a lease another writer took
+  after ours lapsed (this writer was idle past it), even one that writer has since given back,
+  is an IndexLockedError before anything is written;
+* **give back** at close: on condition that it is still ours, make it lapse (``expires`` 0),
+  not delete it: a missing point is inserted by any conditional upsert, so a writer idle past
+  its lease would take a deleted one back at its next renewal.
 
 Limits: a writer stopped for longer than the lease in the middle of one write (a frozen VM)
 can still write after another took over (no fencing token); the commit check of
@@ -113,9 +116,14 @@ class WriterLease:
             f"one killed on another machine leaves it to lapse within {self.seconds:g} s")
 
     def give_back(self) -> None:
-        """Delete the lease if it is still ours (never another writer's)."""
+        """End the lease if it is still ours (never another writer's): it lapses now, under our
+        name. Not deleted: a conditional upsert inserts a point that is missing, so a writer
+        idle past its lease would take a deleted one back at its next renewal, after another
+        writer had written and committed in between."""
         if self.renewed is None:
             return
         self.renewed = None
-        selector = self.m.FilterSelector(filter=self.m.Filter(must=[self._is("owner", self.token)]))
-        self.call(self.client.delete, self.name, selector, wait=True)
+        point = self.m.PointStruct(id=_POINT, vector=[1.0], payload={
+            "owner": self.token, "host": self.host, "pid": os.getpid(), "expires": 0.0})
+        self.call(self.client.upsert, self.name, [point], wait=True, ordering=self.m.WriteOrdering.STRONG,
+                  update_filter=self.m.Filter(must=[self._is("owner", self.token)]))
