@@ -180,8 +180,9 @@ class _Writer:
         # written again with its stored vector, not encoded again
         moved = [d for d in batch if d.id not in todo_ids and existing[d.id].position != d.position]
         if moved:
+            stored = self.store.vectors([d.id for d in moved])  # a read: an interrupt here loses nothing
             self.writing = True
-            self.store.upsert([self.make_record(d) for d in moved], self.store.vectors([d.id for d in moved]))
+            self.store.upsert([self.make_record(d) for d in moved], stored)
             self.since_commit += len(moved)
             self.writing = False
         if not todo:
