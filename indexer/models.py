@@ -162,18 +162,29 @@ def build_builtin(name: str, force: bool = False) -> Path:
     return target
 
 
+def _listed_checksum(folder: Path) -> str:
+    """The checksum of a listed folder's weights, from the files (cached; a record that
+    disagrees warns), or "" when it has none."""
+    try:
+        return folder_checksum(folder)
+    except (ModelError, OSError):
+        return ""
+
+
 def list_models() -> list[dict[str, Any]]:
-    """Built-in models with their state, plus other folders found in the cache."""
+    """Built-in models with their state, plus other folders found in the cache; each built
+    one with the checksum of its weights as they are now (not as recorded)."""
     rows = []
     for name, m in BUILTIN_MODELS.items():
-        meta = _read_meta(models_dir() / name)
-        rows.append({"name": name, "built": is_built(name), "path": str(models_dir() / name),
-                     "checksum": meta.get("weights_sha256", ""), "description": m.description})
+        built = is_built(name)
+        rows.append({"name": name, "built": built, "path": str(models_dir() / name),
+                     "checksum": _listed_checksum(models_dir() / name) if built else "",
+                     "description": m.description})
     for name, folder in BUILTIN_STUDENTS.items():
         meta = json.loads((folder / "student.json").read_text())
         default = f"; default query encoder for {meta['default_for']}" if meta.get("default_for") else ""
         rows.append({"name": name, "built": True, "path": str(folder),
-                     "checksum": meta.get("weights_sha256", ""),
+                     "checksum": _listed_checksum(folder),
                      "description": f"query student of {meta['teacher']}: {len(meta['layers'])} "
                                     f"layers ({', '.join(map(str, meta['layers']))}){default}"})
     if models_dir().is_dir():
@@ -181,7 +192,7 @@ def list_models() -> list[dict[str, Any]]:
             if d.name not in BUILTIN_MODELS and not d.name.startswith(".") and d.is_dir():
                 meta = _read_meta(d)
                 rows.append({"name": d.name, "built": True, "path": str(d),
-                             "checksum": meta.get("weights_sha256", ""),
+                             "checksum": _listed_checksum(d),
                              "description": meta.get("description", "")})
     return rows
 

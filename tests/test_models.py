@@ -39,3 +39,23 @@ def test_saving_over_a_student_keeps_the_old_one_until_the_new_one_is_in(
     assert (tiny_student / STUDENT_WEIGHTS).read_bytes() != old
     assert json.loads((tiny_student / STUDENT_META).read_text())["layers"] == [0]
     assert sorted(p.name for p in tiny_student.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_models_are_listed_with_the_checksum_of_their_weights_as_they_are(tiny_model: Path) -> None:
+    """A folder whose weights were replaced after vecplug.json recorded them is listed with the
+    weights' checksum (and a warning), not the stale record."""
+    import shutil
+    import warnings
+
+    from vecplug.indexer.checksums import weights_sha256
+    from vecplug.indexer.models import list_models, models_dir
+
+    folder = models_dir() / "mine"
+    shutil.copytree(tiny_model, folder)
+    (folder / "vecplug.json").write_text(json.dumps({"weights_sha256": "0" * 64, "description": "d"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = {r["name"]: r for r in list_models()}
+    assert rows["mine"]["checksum"] == weights_sha256(folder / "model.safetensors")
+    assert any("changed since" in str(w.message) for w in caught)
+    assert rows["me5-small"]["checksum"] == ""  # not built here
