@@ -297,7 +297,8 @@ def load_xquad_r(data_dir: str | Path, langs: Sequence[str] | None = None) -> XQ
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DatasetNotFoundError(f"XQuAD-R folder not found: {data_dir}")
-    langs = list(langs or available_langs(data_dir))
+    # a language given twice would pool its sentences and questions twice
+    langs = list(dict.fromkeys(langs or available_langs(data_dir)))
     if not langs:
         raise DatasetNotFoundError(f"no <lang>.json files in {data_dir}")
     missing = [lang for lang in langs if not (data_dir / f"{lang}.json").is_file()]

@@ -103,6 +103,7 @@ def test_language_codes_are_normalised(tmp_path: Path) -> None:
     s = load_settings(overrides={"search": {"langs": " de , FR", "lang": "  "}}, environ={})
     assert s.search.langs == ("de", "fr") and s.search.lang is None
     assert normalise_langs([" De", "", "fr "]) == ("de", "fr") and normalise_langs(None) == ()
+    assert normalise_langs("en,EN,de-AT,de") == ("en", "de")  # a repeat would pool a language twice
     cfg.write_text("search: {langs: [no, da], lang: no}\n")  # YAML 1.1: an unquoted no is false
     s = load_settings(cfg, environ={})
     assert s.search.langs == ("no", "da") and s.search.lang == "no"

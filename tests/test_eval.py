@@ -142,6 +142,9 @@ def test_xquad_r_loader(tmp_path: Path) -> None:
     limited = ds.limited(1)
     assert [q.id for q in limited.queries] == ["en:q00", "de:q00"] and set(limited.qrels) == {"en:q00", "de:q00"}
     assert len(limited.documents) == len(ds.documents)  # the pool stays whole
+    # a language given twice is pooled once (its sentences and questions were counted twice)
+    twice = load_xquad_r_dataset(folder, ["en", "de", "en"])
+    assert len(twice.documents) == 6 + 5 and len(twice.queries) == len(ds.queries)
 
 
 def test_xquad_r_checks(tmp_path: Path) -> None:

@@ -35,12 +35,13 @@ LANG_CODES: Mapping[str, Any] = {"lang_codes": True}
 
 def normalise_langs(value: str | Iterable[Any] | None) -> tuple[str, ...]:
     """Language codes as the detector writes them (``"de"``): stripped, lower-cased, region
-    subtags dropped (:func:`~vecplug.types.lang_code`), empty entries dropped; a string is
-    split at commas (``" de , FR"`` -> ``("de", "fr")``)."""
+    subtags dropped (:func:`~vecplug.types.lang_code`), empty entries and repeats dropped; a
+    string is split at commas (``" de , FR,de-AT"`` -> ``("de", "fr")``)."""
     if value is None:
         return ()
     items = value.split(",") if isinstance(value, str) else value
-    return tuple(code for code in (lang_code(str(v)) for v in items) if code)
+    # a repeat would pool (and score) a language twice
+    return tuple(dict.fromkeys(code for code in (lang_code(str(v)) for v in items) if code))
 
 
 @dataclass(frozen=True)
