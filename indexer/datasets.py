@@ -93,6 +93,31 @@ class EvalDataset:
         return EvalDataset(self.name, self.documents, queries, self.qrels, self.mono_qrels,
                            list(self.problems), dict(self.info))
 
+    def without_documents(self, ids: Iterable[str], problems: Sequence[Problem] = ()) -> "EvalDataset":
+        """A copy without the documents ``ids`` (documents the index refused) and without the
+        judgements that name them, each reported: a relevant document nothing could retrieve
+        would otherwise count against every retriever. ``problems`` (the index's own reports)
+        are kept with the dataset's; queries left with nothing relevant in a mode are skipped
+        in that mode, as any such query is."""
+        gone = set(ids)
+        if not gone and not problems:
+            return self
+        found: list[Problem] = [*self.problems, *problems]
+        by_id = {d.id: d for d in self.documents}
+        named = {d for grades in (*self.qrels.values(), *(self.mono_qrels or {}).values()) for d in grades}
+        for did in sorted(gone & named):
+            doc = by_id.get(did)
+            found.append(Problem(doc.source if doc else self.name,
+                                 f"document {did} is not in the index: its relevance judgements are dropped",
+                                 doc.position if doc and isinstance(doc.position, int) else None))
+
+        def drop(qrels: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+            return {q: {d: g for d, g in grades.items() if d not in gone} for q, grades in qrels.items()}
+
+        mono = drop(self.mono_qrels) if self.mono_qrels is not None else None
+        return EvalDataset(self.name, [d for d in self.documents if d.id not in gone], self.queries,
+                           drop(self.qrels), mono, found, dict(self.info))
+
     def limited(self, n: int | None) -> "EvalDataset":
         """The first ``n`` queries of each query language (all documents kept: the pool, and so
         the task's difficulty, does not change); ``None`` or 0 keeps everything.

@@ -522,6 +522,28 @@ def test_evaluate_beir_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
     assert "The first" not in report.markdown()
 
 
+def test_eval_drops_and_reports_documents_the_index_refuses(tmp_path: Path, tiny_model: Path) -> None:
+    """A document the loader accepts but no store can hold (an integer beyond 64 bits in a
+    field) is reported with the index's reason and its judgements are dropped: the pooled run
+    used to fail after all the searching (score_ids) and mono counted it as a miss."""
+    folder = write_beir(tmp_path / "beir", bad_lines=False)
+    corpus = (folder / "corpus.jsonl").read_text().splitlines()
+    d1 = json.loads(corpus[0])
+    corpus[0] = json.dumps(d1)[:-1] + ', "views": 99999999999999999999999}'
+    (folder / "corpus.jsonl").write_text("\n".join(corpus) + "\n")
+    result = CliRunner().invoke(cli, ["eval", f"beir:{folder}", "--model", str(tiny_model), "--mode", "xy",
+                                      "--mode", "mono", "--out", str(tmp_path / "out"), "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "corpus.jsonl:1: document 'd1'" in result.stderr and "64 bits" in result.stderr
+    assert "document d1 is not in the index: its relevance judgements are dropped" in result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    runs = {r["run"]["mode"]: r["summary"] for r in report["runs"]}
+    # q1 keeps its German document in xy; in mono (English only) it has nothing left: skipped
+    assert runs["xy"]["overall"]["queries"] == 2 and runs["mono"]["skipped_queries"] == 1
+    assert len(report["dataset"]["problems"]) == 2
+
+
 def run_cli(*args: str, ok: bool = True) -> str:
     result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
     assert (result.exit_code == 0) == ok, result.output

@@ -418,6 +418,9 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     # evaluate applies --limit once every query has a language (detected if not given)
     report = evaluate(data, runs, index_dir=index_path, model=model, rerank_depth=rerank_depth,
                       progress=not quiet, log=log, limit=limit)
+    # what indexing skipped (documents no store can hold), after the dataset's own problems
+    for problem in report.dataset["problems"][len(data.problems):]:
+        click.echo(f"skipped {problem}", err=True)
     click.echo(report.markdown())
     if out:
         for path in report.write(out, per_query=per_query):

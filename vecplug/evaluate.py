@@ -42,6 +42,7 @@ from vecplug.config import CorpusSettings, IndexSettings, Settings
 from vecplug.errors import ConfigError, VecplugError
 from vecplug.indexer.datasets import EvalDataset, EvalQuery
 from vecplug.report import fmt, header_markdown, markdown_table, pct
+from vecplug.types import Problem
 
 MODES = ("xy", "mono", "prefer")
 #: modes whose pool holds every language: scored with the pooled qrels, and with bias measures
@@ -537,9 +538,12 @@ def evaluate(dataset: EvalDataset, runs: Sequence[Run], *, index_dir: str | Path
         path = Path(index_dir)
     try:
         private = tmp is not None
-        index_info, doc_langs = _build_index(
+        index_info, doc_langs, refused, problems = _build_index(
             dataset, index_settings(str(path), private, document=model), progress, log)
         index_info["path"] = None if private else str(path)
+        # documents the index refused (a payload no store can hold...) cannot be found: their
+        # judgements go, reported with the index's reasons, instead of counting as misses
+        dataset = dataset.without_documents(refused, problems)
 
         def open_for(query_encoder: str | None) -> SearchIndex:
             return Index.open(index_settings(str(path), private, document=model, query=query_encoder))
@@ -594,9 +598,11 @@ def index_settings(path: str, private: bool, **model: str | None) -> Settings:
 
 
 def _build_index(dataset: EvalDataset, settings: Settings, progress: bool,
-                 log: Callable[[str], None] | None) -> tuple[dict[str, Any], dict[str, str | None]]:
+                 log: Callable[[str], None] | None
+                 ) -> tuple[dict[str, Any], dict[str, str | None], set[str], list[Problem]]:
     """Create or update the index ``settings`` point at so that it holds exactly the dataset's
-    documents; returns what was done and every document's language as stored."""
+    documents; returns what was done, every document's language as stored, the ids of the
+    documents the index does not hold (refused) and the problems the indexing reported."""
     from vecplug.api import Index
 
     path = settings.index.path
@@ -619,10 +625,11 @@ def _build_index(dataset: EvalDataset, settings: Settings, progress: bool,
         for start in range(0, len(unknown), 1000):
             for record in index.store.get(unknown[start:start + 1000]):
                 doc_langs[record.id] = record.lang
+        refused = wanted - set(index.store.ids())
         count = index.store.count()
         encoder = index.encoder.describe()
     return ({"reused": bool(existing) and report.documents == 0, "documents": count,
-             "report": report.to_dict(), "encoder": encoder}, doc_langs)
+             "report": report.to_dict(), "encoder": encoder}, doc_langs, refused, list(report.problems))
 
 
 # -- the Markdown report ----------------------------------------------------------------------
