@@ -418,15 +418,18 @@ def test_runs_record_the_effective_debias() -> None:
     assert "| default query encoder | xy | on (the index's setting) |" in md
 
 
+#: the report header's machine fields, fixed
+MACHINE = {"date_utc": "2026-01-01T00:00:00+00:00", "platform": "p", "cpu": "c", "cores": 2,
+           "torch_threads": 1, "load_average": [0.0], "python": "3", "torch": "t", "vecplug": "v",
+           "command": "vecplug eval small", "cwd": "/"}
+
+
 def test_report_renders_and_writes(tmp_path: Path) -> None:
     runs = make_runs([None], ["xy", "mono"])
     results = score_runs(small_dataset(), runs, lambda q: scripted(), k=3)
-    machine = {"date_utc": "2026-01-01T00:00:00+00:00", "platform": "p", "cpu": "c", "cores": 2,
-               "torch_threads": 1, "load_average": [0.0], "python": "3", "torch": "t", "vecplug": "v",
-               "command": "vecplug eval small", "cwd": "/"}
     from vecplug.evaluate import LAREQA_REFERENCE, dataset_summary
 
-    report = EvalReport(machine, dataset_summary(small_dataset()),
+    report = EvalReport(MACHINE, dataset_summary(small_dataset()),
                         {"path": None, "documents": 5, "reused": False, "report": {"documents": 5, "seconds": 1.0},
                          "encoder": {"document_encoder": "tiny"}},
                         {"k": 3, "rerank_depth": None}, results, [LAREQA_REFERENCE])
@@ -451,6 +454,23 @@ def test_report_renders_and_writes(tmp_path: Path) -> None:
     texts = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert "100%" in texts and "0%" in texts and "-" in texts  # de -> fr has no relevant document
     assert {"en", "de", "fr"} <= set(texts)
+
+
+def test_heatmap_files_of_colliding_labels_do_not_overwrite_each_other(tmp_path: Path) -> None:
+    """``org/model`` and ``org_model`` (and two Cyrillic names) made the same file name: the
+    second heatmap replaced the first and the Markdown named one file for both."""
+    runs = make_runs(["org/model", "org_model", "модель", "студент"], ["xy"])
+    results = score_runs(small_dataset(), runs, lambda q: scripted(), k=3)
+    from vecplug.evaluate import dataset_summary
+
+    report = EvalReport(MACHINE, dataset_summary(small_dataset()),
+                        {"path": None, "documents": 5, "reused": False, "report": {"documents": 5},
+                         "encoder": {}}, {"k": 3}, results)
+    svgs = sorted(p.name for p in report.write(tmp_path / "out") if p.suffix == ".svg")
+    assert svgs == ["heatmap-xy-org-model-2.svg", "heatmap-xy-org-model.svg",
+                    "heatmap-xy-модель.svg", "heatmap-xy-студент.svg"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert all(f"(`{name}`)" in md for name in svgs)
 
 
 def test_heatmap_colours_follow_values() -> None:

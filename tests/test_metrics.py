@@ -80,6 +80,21 @@ def test_reciprocal_rank_recall_precision() -> None:
     assert m.precision_at_1([], {"a"}) == 0.0
 
 
+def test_a_repeated_id_counts_at_its_first_rank_only() -> None:
+    """A ranking that repeats a relevant id (a third-party reranker's) scored AP 2.0 and nDCG
+    above 1; a repeat is skipped without moving the ranks after it (ml_metrics' AP)."""
+    assert m.average_precision_at_k(["a", "a", "b"], {"a": 1}, 20) == pytest.approx(1.0)
+    assert m.average_precision(["a", "a", "b"], {"a"}) == pytest.approx(1.0)
+    assert m.ndcg_at_k(["a", "a", "b"], {"a": 1}, 10) == pytest.approx(1.0)
+    # b keeps its rank 3: (1/1 + 2/3) / 2
+    assert m.average_precision_at_k(["a", "a", "b"], {"a", "b"}, 20) == pytest.approx((1 + 2 / 3) / 2)
+    ideal = 1 + 1 / math.log2(3)
+    assert m.ndcg_at_k(["a", "a", "b"], {"a", "b"}, 10) == pytest.approx((1 + 1 / math.log2(4)) / ideal)
+    for metric in (m.average_precision_at_k, m.ndcg_at_k, m.reciprocal_rank_at_k, m.recall_at_k):
+        with pytest.raises(ValueError, match="k must be at least 1"):
+            metric(["a"], {"a"}, 0)
+
+
 def test_language_bias_measures() -> None:
     assert m.same_language_share(["de", "en", "de", "fr"], "de", 3) == pytest.approx(2 / 3)
     assert m.same_language_share(["de", "en"], "de", 10) == pytest.approx(1 / 2)  # of those returned

@@ -417,10 +417,11 @@ class EvalReport:
         """``{file name: SVG}``: the language-pair matrix of each pooled run."""
         langs = self.dataset.get("languages") or None
         out: dict[str, str] = {}
-        for r in self.results:
-            if r.run.mode not in POOLED or not r.summary.get("pairs"):
+        names = heatmap_names(self.results)
+        for i, r in enumerate(self.results):
+            if i not in names:
                 continue
-            name = heatmap_name(r.run)
+            name = names[i]
             rows = _ordered(r.summary["pairs"].keys(), langs)
             cols = _ordered({d for v in r.summary["pairs"].values() for d in v}, langs)
             out[name] = heatmap_svg(
@@ -747,11 +748,14 @@ def render_markdown(report: EvalReport) -> str:
 
         out += ["", f"### Language pairs: share of queries (rows: query language) whose relevant document "
                     f"in each document language (columns) is in the top {PAIR_K}"]
-        for r in pooled:
+        names = heatmap_names(report.results)
+        for i, r in enumerate(report.results):
+            if i not in names:
+                continue
             pairs = r.summary["pairs"]
             rows_l = _ordered(pairs.keys(), langs)
             cols_l = _ordered({c for v in pairs.values() for c in v}, langs)
-            out += ["", f"{r.run.mode}: {r.run.label} (`{heatmap_name(r.run)}`)", "",
+            out += ["", f"{r.run.mode}: {r.run.label} (`{names[i]}`)", "",
                     markdown_table(["query \\ document", *cols_l],
                                    [[q, *(pct(pairs[q].get(c), 0) for c in cols_l)] for q in rows_l])]
 
@@ -783,9 +787,28 @@ def debias_text(result: RunResult) -> str:
 # -- the heatmap --------------------------------------------------------------------------------
 
 def heatmap_name(run: Run) -> str:
-    """The SVG file name of a run's language-pair heatmap."""
-    slug = re.sub(r"[^a-z0-9]+", "-", run.label.lower()).strip("-") or "run"
+    """The SVG file name of a run's language-pair heatmap (letters of any script kept)."""
+    slug = re.sub(r"[\W_]+", "-", run.label.lower()).strip("-") or "run"
     return f"heatmap-{run.mode}-{slug}.svg"
+
+
+def heatmap_names(results: Sequence[RunResult]) -> dict[int, str]:
+    """``{position in results: file name}`` of the runs that have a heatmap (pooled, with
+    language pairs), unique: two labels of the same slug (``org/model`` and ``org_model``)
+    get ``-2``, ``-3``... rather than one file overwriting the other."""
+    names: dict[int, str] = {}
+    taken: set[str] = set()
+    for i, r in enumerate(results):
+        if r.run.mode not in POOLED or not r.summary.get("pairs"):
+            continue
+        name = base = heatmap_name(r.run)
+        n = 1
+        while name in taken:
+            n += 1
+            name = f"{base[:-len('.svg')]}-{n}.svg"
+        taken.add(name)
+        names[i] = name
+    return names
 
 
 def _colour(value: float) -> tuple[str, str]:

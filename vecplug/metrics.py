@@ -5,8 +5,10 @@ relevant ids or a mapping ``{doc id: grade}`` in which a grade > 0 means relevan
 convention; 0 means judged not relevant). A bare string is refused: it would silently be read as
 a collection of characters.
 
-Cut-off metrics look at ``ranked[:k]``; a query with no relevant document scores 0 (callers
-leave such queries out of their means).
+Cut-off metrics look at ``ranked[:k]`` (``k`` >= 1); a query with no relevant document scores 0
+(callers leave such queries out of their means). An id repeated in ``ranked`` counts at its
+first rank only: a list from a third-party reranker that repeats a relevant document must not
+score AP or nDCG above 1.
 
 Language bias in a pooled multilingual setting (X-Y): :func:`same_language_share` of the top
 10 beside :func:`expected_same_language_share` (the share of the query's relevant documents
@@ -33,6 +35,20 @@ def relevant_ids(relevant: Relevance) -> set[str]:
     return set(relevant)
 
 
+def _first_ranks(ranked: Sequence[str], k: int | None = None) -> list[tuple[int, str]]:
+    """``(rank, id)`` of ``ranked[:k]``, ranks from 1, each id at its first rank only: a later
+    repeat is skipped without moving the ranks after it (as ml_metrics' AP does)."""
+    if k is not None and k < 1:
+        raise ValueError(f"k must be at least 1, not {k}")
+    seen: set[str] = set()
+    out = []
+    for rank, item in enumerate(ranked[:k] if k is not None else ranked, 1):
+        if item not in seen:
+            seen.add(item)
+            out.append((rank, item))
+    return out
+
+
 def average_precision_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 20) -> float:
     """AP@k as LAReQA defines it (their mAP@20): the precision at each rank <= k that holds a
     relevant document, summed and divided by ``min(#relevant, k)``.
@@ -45,7 +61,7 @@ def average_precision_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 
     if not rel:
         return 0.0
     hits, total = 0, 0.0
-    for rank, item in enumerate(ranked[:k], 1):
+    for rank, item in _first_ranks(ranked, k):
         if item in rel:
             hits += 1
             total += hits / rank
@@ -59,7 +75,7 @@ def average_precision(ranked: Sequence[str], relevant: Relevance) -> float:
     if not rel:
         return 0.0
     hits, total = 0, 0.0
-    for rank, item in enumerate(ranked, 1):
+    for rank, item in _first_ranks(ranked):
         if item in rel:
             hits += 1
             total += hits / rank
@@ -77,10 +93,11 @@ def ndcg_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 10) -> float:
         relevant_ids(relevant)  # raises
     grades = ({d: g for d, g in relevant.items() if g > 0} if isinstance(relevant, Mapping)
               else {d: 1 for d in relevant})
+    top = _first_ranks(ranked, k)
     if not grades:
         return 0.0
     discounts = 1.0 / np.log2(np.arange(2, k + 2))
-    dcg = sum(grades.get(item, 0) * discounts[i] for i, item in enumerate(ranked[:k]))
+    dcg = sum(grades.get(item, 0) * discounts[rank - 1] for rank, item in top)
     ideal = sorted(grades.values(), reverse=True)[:k]
     idcg = float(np.dot(ideal, discounts[:len(ideal)]))
     return float(dcg / idcg)
@@ -90,7 +107,7 @@ def reciprocal_rank_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 10
     """RR@k: 1 / the rank of the first relevant document within the top k, else 0 (MRR@k is
     its mean over queries)."""
     rel = relevant_ids(relevant)
-    for rank, item in enumerate(ranked[:k], 1):
+    for rank, item in _first_ranks(ranked, k):
         if item in rel:
             return 1.0 / rank
     return 0.0
@@ -101,7 +118,7 @@ def recall_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 20) -> floa
     rel = relevant_ids(relevant)
     if not rel:
         return 0.0
-    return len(rel & set(ranked[:k])) / len(rel)
+    return len(rel & {item for _, item in _first_ranks(ranked, k)}) / len(rel)
 
 
 def precision_at_1(ranked: Sequence[str], relevant: Relevance) -> float:
