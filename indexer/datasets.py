@@ -17,8 +17,9 @@ relevance (X-Y) is its answer sentence in every loaded language, its same-langua
 
 **BEIR.** A folder with ``corpus.jsonl`` (``_id``, ``title``, ``text``, optional ``lang``; other
 fields are kept as payload), ``queries.jsonl`` (``_id``, ``text``, optional ``lang``) and
-``qrels/<split>.tsv`` (header ``query-id corpus-id score``; score 0 means not relevant). A bad
-line is reported as a :class:`~vecplug.types.Problem` (path and line) and skipped.
+``qrels/<split>.tsv`` (header ``query-id corpus-id score``; score 0 means not relevant; a pair
+judged twice keeps its first grade). A bad line is reported as a :class:`~vecplug.types.Problem`
+(path and line) and skipped.
 
 Evaluation data only: nothing in vecplug trains on it.
 """
@@ -416,7 +417,8 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
     ``split`` names ``qrels/<split>.tsv``; by default ``test``, else the folder's only split.
     Titles are prepended to the text that is embedded (``title\\ntext``, as the corpus reader
     appends its embed fields) and kept as payload, with every other field. Only queries with at
-    least one relevant document (grade > 0) in the split are evaluated.
+    least one relevant document (grade > 0) in the split are evaluated; those judged with none
+    are counted in ``info["queries_without_relevant"]`` (BEIR's own tools score them 0).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -448,6 +450,10 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
         if did in doc_ids:
             problems.append(Problem(str(corpus_path), f"document id {did} appears again: skipped", lineno))
             continue
+        nested = [k for k in ("title", "text") if isinstance(obj.get(k), (list, dict))]
+        if nested:  # str() would embed "['a', 'b']"
+            problems.append(Problem(str(corpus_path), f"document {did}: {nested[0]} is not a string", lineno))
+            continue
         title, text = _text(obj.get("title")), _text(obj.get("text"))
         if not title and not text:
             problems.append(Problem(str(corpus_path), f"document {did} has neither title nor text", lineno))
@@ -461,6 +467,9 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
     queries_path = folder / "queries.jsonl"
     all_queries: dict[str, EvalQuery] = {}
     for lineno, obj in _jsonl(queries_path, problems):
+        if isinstance(obj.get("text"), (list, dict)):
+            problems.append(Problem(str(queries_path), "query text is not a string", lineno))
+            continue
         qid, text = _text(obj.get("_id")), _text(obj.get("text"))
         if not qid or not text:
             problems.append(Problem(str(queries_path), "query needs _id and text", lineno))
@@ -473,12 +482,13 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
     qrels_path = folder / "qrels" / f"{split}.tsv"
     qrels: dict[str, dict[str, int]] = {}
     judged = 0
+    seen: set[tuple[str, str]] = set()
     first = True
     for lineno, line in _lines(qrels_path, problems):
-        header, first = first, False
         cells = line.split("\t")
         if len(cells) != 3:
             cells = line.split()  # some copies use spaces
+        header, first = first and len(cells) == 3, False
         if len(cells) != 3:
             problems.append(Problem(str(qrels_path), f"expected 3 columns (query-id corpus-id score), "
                                                      f"found {len(cells)}", lineno))
@@ -487,24 +497,33 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
         try:
             grade = int(score)
         except ValueError:
-            if header:  # query-id corpus-id score
+            # a header names its columns (query-id corpus-id score, or another spelling); a first
+            # line naming a known query is a judgement with a bad score, reported as any other
+            if header and qid not in all_queries:
                 continue
             problems.append(Problem(str(qrels_path), f"score {score!r} is not an integer", lineno))
             continue
-        judged += 1
         if qid not in all_queries:
             problems.append(Problem(str(qrels_path), f"query {qid} is not in queries.jsonl", lineno))
             continue
         if did not in doc_ids:
             problems.append(Problem(str(qrels_path), f"document {did} is not in corpus.jsonl", lineno))
             continue
+        if (qid, did) in seen:  # the first judgement holds, whatever the grades
+            problems.append(Problem(str(qrels_path), f"query {qid} and document {did} are judged again: "
+                                                     "skipped", lineno))
+            continue
+        seen.add((qid, did))
+        judged += 1
         if grade > 0:  # 0 (or below) means judged not relevant
             qrels.setdefault(qid, {})[did] = grade
 
     queries = [q for q in all_queries.values() if q.id in qrels]
+    # judged, but nothing relevant: BEIR's tools would score them 0; they are left out and counted
+    without = len({q for q, _ in seen} - set(qrels))
     return EvalDataset(name or folder.name, documents, queries, qrels, None, problems,
                        info={"format": "beir", "path": str(folder), "split": split,
-                             "judgements": judged})
+                             "judgements": judged, "queries_without_relevant": without})
 
 
 # -- one spec for both -----------------------------------------------------------------------

@@ -213,6 +213,31 @@ def test_beir_loader(tmp_path: Path) -> None:
                      ("corpus.jsonl", 6), ("queries.jsonl", 5), ("test.tsv", 6), ("test.tsv", 7),
                      ("test.tsv", 8), ("test.tsv", 9)}
     assert any("NaN" in p.reason for p in ds.problems)
+    # q4 is judged, with nothing relevant: left out, and counted; skipped lines are not judgements
+    assert ds.info["queries_without_relevant"] == 1 and ds.info["judgements"] == 4
+
+
+def test_beir_qrels_first_line_and_repeats(tmp_path: Path) -> None:
+    """A first line naming a known query is a judgement (a bad score is reported, not taken for
+    a header), and a pair judged twice keeps its first grade, the repeat reported."""
+    folder = write_beir(tmp_path / "mini", bad_lines=False)
+    qrels = folder / "qrels" / "test.tsv"
+    qrels.write_text("q3\td3\tx\nq1\td1\t1\nq1\td1\t0\nq2\td3\t2\nq2\td3\t1\n")
+    ds = load_beir(folder)
+    assert ds.qrels == {"q1": {"d1": 1}, "q2": {"d3": 2}}
+    assert [(p.line, p.reason) for p in ds.problems] == [
+        (1, "score 'x' is not an integer"),
+        (3, "query q1 and document d1 are judged again: skipped"),
+        (5, "query q2 and document d3 are judged again: skipped")]
+    qrels.write_text("query_id corpus_id relevance\nq1\td1\t1\n")  # another header's spelling
+    assert load_beir(folder).problems == [] and load_beir(folder).qrels == {"q1": {"d1": 1}}
+    with open(folder / "corpus.jsonl", "a") as fh:
+        fh.write(json.dumps({"_id": "d7", "text": ["a", "b"]}) + "\n")
+    with open(folder / "queries.jsonl", "a") as fh:
+        fh.write(json.dumps({"_id": "q7", "text": {"a": 1}}) + "\n")
+    ds = load_beir(folder)
+    assert [str(p).split("/")[-1] for p in ds.problems] == ["corpus.jsonl:6: document d7: text is not a string",
+                                                           "queries.jsonl:5: query text is not a string"]
 
 
 def test_limit_per_language_needs_query_languages(tmp_path: Path) -> None:

@@ -660,7 +660,9 @@ def render_markdown(report: EvalReport) -> str:
                f"{d['queries']:,} queries ({counts(d['queries_by_lang'])}"
                + (f"; the language of {detected:,} detected" if detected else "") + ")"
                + (f", the first {d['limit_per_language']} per language" if d.get("limit_per_language") else "")
-               + f"; {d['relevant_pairs']:,} relevant (query, document) pairs")
+               + f"; {d['relevant_pairs']:,} relevant (query, document) pairs"
+               + (f"; {d['queries_without_relevant']:,} queries judged with no relevant document "
+                  "left out" if d.get("queries_without_relevant") else ""))
     if d["problems"]:
         out.append(f"- {len(d['problems'])} bad input lines skipped (listed in report.json), e.g. "
                    f"`{d['problems'][0]}`")
