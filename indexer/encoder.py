@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vecplug.indexer.models import ModelInfo, quiet_transformers, resolve_model
+from vecplug.indexer.models import LOAD_LOCK, ModelInfo, loading, quiet_transformers, resolve_model
 from vecplug.indexer.traced import SMALL_FORWARD_TOKENS, TRACE_AFTER
 
 # Measured on XQuAD-R with me5-small (benchmarks/lengths.py): 99.9% of questions fit in
@@ -93,6 +93,14 @@ def shared_tokenizer(folder: Path, checksum: str) -> SharedTokenizer:
         return held
 
 
+def text_list(texts: Iterable[str]) -> list[str]:
+    """``texts`` as a list; one string is refused (a str is a sequence of str: each character
+    would be embedded as a text of its own)."""
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, not one string: give [text]")
+    return list(texts)
+
+
 class TextEncoder:
     """One transformer with its tokenizer; ``encode`` returns unit vectors (float32).
 
@@ -101,6 +109,7 @@ class TextEncoder:
     encoder of queries where that recipe was measured: a student).
     """
 
+    @loading  # one load at a time in a process (transformers' lazy imports, ONNX export)
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  threads: int | None = None, shared_embeddings: Any = None,
                  post: Any = None, quantize: str | None = None, runtime: str = "torch",
@@ -417,57 +426,69 @@ class Encoder:
 
     @property
     def document(self) -> TextEncoder:
+        """The document side, loaded on first use (once, whichever threads ask at once)."""
         if self._document is None:
-            if self._same_model() and self._query is not None:
-                self._document = self._query
-            else:
-                self._document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                                             post=_pca_map(self.projection) if self.projection else None,
-                                             quantize=self.document_quantize, runtime=self.runtime,
-                                             int8_recipe=self._document_recipe(), trace=self.trace)
-                teacher = self.query_info.teacher
-                if (self._query is not None and teacher is not None
-                        and teacher.checksum == self.document_info.checksum):
-                    # the student came first: the teacher takes the student's copy of the table
-                    # (identical by checksum), and its own is freed
-                    self._document.model.get_input_embeddings().weight = \
-                        self._query.model.get_input_embeddings().weight
+            with LOAD_LOCK:
+                if self._document is None:
+                    # assigned once whole: another thread reads it without the lock
+                    self._document = self._load_document()
         return self._document
 
     @property
     def query(self) -> TextEncoder:
+        """The query side, loaded on first use (once, whichever threads ask at once)."""
         if self._query is None:
-            if self._same_model():
-                self._query = self.document
-            elif self.query_info is self.document_info:  # the document encoder, quantised otherwise
-                # int8 under ONNX Runtime: the documents' recipe (the queries' one was measured
-                # on a student, not on a document encoder's own queries)
-                self._query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                                          quantize=self.query_quantize, runtime=self.runtime,
-                                          trace=self.trace)
-            else:
-                shared = None
-                teacher = self.query_info.teacher
-                if (self._document is not None and teacher is not None
-                        and teacher.checksum == self.document_info.checksum):
-                    # the student shares the loaded teacher's vocabulary table
-                    shared = self._document.model.get_input_embeddings().weight.detach()
-                self._query = TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
-                                          post=_head_map(self.projection) if self.projection else None,
-                                          quantize=self.query_quantize, runtime=self.runtime,
-                                          int8_recipe="int8-query", trace=self.trace)
+            with LOAD_LOCK:
+                if self._query is None:
+                    self._query = self._load_query()
         return self._query
+
+    def _load_document(self) -> TextEncoder:
+        if self._same_model() and self._query is not None:
+            return self._query
+        document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
+                               post=_pca_map(self.projection) if self.projection else None,
+                               quantize=self.document_quantize, runtime=self.runtime,
+                               int8_recipe=self._document_recipe(), trace=self.trace)
+        teacher = self.query_info.teacher
+        if (self._query is not None and teacher is not None
+                and teacher.checksum == self.document_info.checksum):
+            # the student came first: the teacher takes the student's copy of the table
+            # (identical by checksum), and its own is freed
+            document.model.get_input_embeddings().weight = self._query.model.get_input_embeddings().weight
+        return document
+
+    def _load_query(self) -> TextEncoder:
+        if self._same_model():
+            return self.document
+        if self.query_info is self.document_info:  # the document encoder, quantised otherwise
+            # int8 under ONNX Runtime: the documents' recipe (the queries' one was measured
+            # on a student, not on a document encoder's own queries)
+            return TextEncoder(self.document_info, self.batch_tokens, self.threads,
+                               quantize=self.query_quantize, runtime=self.runtime, trace=self.trace)
+        shared = None
+        teacher = self.query_info.teacher
+        if (self._document is not None and teacher is not None
+                and teacher.checksum == self.document_info.checksum):
+            # the student shares the loaded teacher's vocabulary table
+            shared = self._document.model.get_input_embeddings().weight.detach()
+        return TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
+                           post=_head_map(self.projection) if self.projection else None,
+                           quantize=self.query_quantize, runtime=self.runtime,
+                           int8_recipe="int8-query", trace=self.trace)
 
     def _same_model(self) -> bool:
         """Queries and documents run through one loaded model (same weights, same quantisation)."""
         return self.query_info is self.document_info and self.query_quantize == self.document_quantize
 
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
-        return self.document.encode(texts, self.document_prefix, self.document_max_length,
+        """(n, dim) float32 unit vectors of ``texts`` (a list of strings), as documents."""
+        return self.document.encode(text_list(texts), self.document_prefix, self.document_max_length,
                                     progress, desc="documents")
 
     def encode_queries(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
-        return self.query.encode(texts, self.query_prefix, self.query_max_length,
+        """(n, dim) float32 unit vectors of ``texts`` (a list of strings), as queries."""
+        return self.query.encode(text_list(texts), self.query_prefix, self.query_max_length,
                                  progress, desc="queries")
 
     def describe(self) -> dict[str, Any]:

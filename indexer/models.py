@@ -9,36 +9,59 @@ A spec is one of
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vecplug.errors import MissingDependencyError, ModelError
 from vecplug.fsutil import atomic_write_json, fsync_path, replace_folder
 
 
+#: Held while a model loads (its weights, int8 calibration, ONNX export, tracing) and while
+#: transformers' logging is silenced. A program that calls an encoder from several threads at
+#: once (a web server, LangChain's async methods) otherwise loaded each model once per thread,
+#: raced transformers' lazy imports (ImportError) and torch.onnx.export (one export per process
+#: at a time), and restored the user's logging settings in the wrong order. Re-entrant: a load
+#: runs others inside it (a student loads its teacher's table).
+LOAD_LOCK = threading.RLock()
+T = TypeVar("T")
+
+
+def loading(function: Callable[..., T]) -> Callable[..., T]:
+    """``function`` (a model's loader) run under :data:`LOAD_LOCK`."""
+    @functools.wraps(function)
+    def locked(*args: Any, **kwargs: Any) -> T:
+        with LOAD_LOCK:
+            return function(*args, **kwargs)
+    return locked
+
+
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' load reports and progress bars for the block (what matters about a
-    load, e.g. missing weights, is checked by the caller), then restore the user's settings."""
+    load, e.g. missing weights, is checked by the caller), then restore the user's settings.
+    Holds :data:`LOAD_LOCK`: the settings are the process's, saved and restored around it."""
     import transformers
 
-    verbosity = transformers.logging.get_verbosity()
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
+    with LOAD_LOCK:
+        verbosity = transformers.logging.get_verbosity()
+        bars = transformers.utils.logging.is_progress_bar_enabled()
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+            if bars:
+                transformers.utils.logging.enable_progress_bar()
 
 
 def vecplug_home() -> Path:

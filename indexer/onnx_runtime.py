@@ -29,6 +29,7 @@ import numpy as np
 
 from vecplug.errors import ConfigError, MissingDependencyError, ModelError
 from vecplug.fsutil import fsync_path
+from vecplug.indexer.models import LOAD_LOCK
 
 log = logging.getLogger(__name__)
 
@@ -421,14 +422,17 @@ def load_layers(model: Any, checksum: str, quantize: str | None, cache: Path,
     ``prefixes`` and ``tokenizer`` (its folder): what ``calibration`` encodes its texts with
     (part of the cache key)."""
     path = cache_path(cache, checksum, quantize, shape_key(model, quantize, prefixes, tokenizer))
-    if path.is_file():
-        try:
-            return OnnxLayers(path, threads)
-        except Exception as exc:  # ORT's errors share no base class below Exception
-            # damaged (a crash before its rename was durable, a full disk): replace it, once
-            log.warning("cached ONNX graph %s cannot be loaded (%s); building it again", path, exc)
-            path.unlink(missing_ok=True)
-    build_graph(model, path, quantize, calibration)
+    # one export at a time in a process (torch.onnx.export refuses a second), and a graph
+    # another thread is building is waited for, not built twice
+    with LOAD_LOCK:
+        if path.is_file():
+            try:
+                return OnnxLayers(path, threads)
+            except Exception as exc:  # ORT's errors share no base class below Exception
+                # damaged (a crash before its rename was durable, a full disk): replace it, once
+                log.warning("cached ONNX graph %s cannot be loaded (%s); building it again", path, exc)
+                path.unlink(missing_ok=True)
+        build_graph(model, path, quantize, calibration)
     try:
         return OnnxLayers(path, threads)
     except Exception as exc:

@@ -70,6 +70,33 @@ def test_llamaindex(tiny_model: Path, tiny_student: Path) -> None:
     assert len(nodes) == 4 and {n.node.get_content() for n in nodes} == set(DOCS)
 
 
+def test_llamaindex_round_trips_and_batches_async(tiny_model: Path, tiny_student: Path) -> None:
+    """to_dict/from_dict and pickling (LlamaIndex's worker processes) load the same models (they
+    loaded me5-small instead); async batches are one encode call each, not one per text."""
+    pytest.importorskip("llama_index.core")
+    import asyncio
+    import pickle
+
+    from vecplug.adapters.integrations import load_integration
+    from vecplug.embedders import load_encoder
+
+    cls = load_integration("llamaindex")
+    for emb in (cls(document=str(tiny_model), query=str(tiny_student)),
+                cls(encoder=load_encoder(str(tiny_model), str(tiny_student)))):
+        assert emb.embed_batch_size == 128
+        want = emb.get_query_embedding("water")
+        for copy in (cls.from_dict(emb.to_dict()), pickle.loads(pickle.dumps(emb))):
+            assert copy._encoder.describe()["query_encoder"] == str(tiny_student)
+            np.testing.assert_allclose(copy.get_query_embedding("water"), want, atol=1e-6)
+    calls: list[int] = []
+    encode = emb._encoder.encode_documents
+    emb._encoder.encode_documents = lambda texts: calls.append(len(texts)) or encode(texts)
+    texts = [f"text {i}" for i in range(40)]
+    got = asyncio.run(emb.aget_text_embedding_batch(texts))
+    assert calls == [40] and np.allclose(got, emb.get_text_embedding_batch(texts), atol=1e-6)
+    assert np.allclose(asyncio.run(emb.aget_query_embedding("water")), want, atol=1e-6)
+
+
 def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:
     qdrant_client = pytest.importorskip("qdrant_client")
     from vecplug import Document

@@ -150,59 +150,69 @@ class Index:
 
     @property
     def encoder(self) -> Any:
-        """The encoders the index was built with (loaded on first use, checked against the manifest)."""
+        """The encoders the index was built with (loaded on first use, once whichever threads
+        ask at once; checked against the manifest)."""
         if self._encoder is None:
-            from vecplug.indexer.encoder import Encoder
+            from vecplug.indexer.models import LOAD_LOCK
 
-            from vecplug.indexer.models import DEFAULT_STUDENTS
-
-            m = self.settings.model
-            built = self.manifest
-            document = m.document or built.get("document_encoder") or DEFAULT_MODEL
-            if built and m.document:
-                # another document encoder is refused naming both before any query encoder is
-                # paired with it (the index's student would fail first, on its dimension)
-                from vecplug.indexer.models import resolve_model
-
-                given = resolve_model(m.document)
-                check_encoder({k: built[k] for k in ("document_encoder", "document_encoder_checksum") if k in built},
-                              {"document_encoder": given.spec, "document_encoder_checksum": given.checksum})
-            # queries: the flag, else what the index was built with, else the student
-            # registered for the document encoder (if any), else the document encoder
-            query = m.query or built.get("query_encoder") or DEFAULT_STUDENTS.get(document)
-            # prefixes: the setting, else the index's, else the model's; lengths the same way
-            # (the encoder takes the index's as recorded: it may predate the model's cap)
-            given = {"query_prefix": m.query_prefix, "document_prefix": m.document_prefix,
-                     "query_max_length": m.query_max_length, "document_max_length": m.document_max_length}
-            for key in ("query_prefix", "document_prefix"):
-                if given[key] is None and built.get(key) is not None:
-                    given[key] = built[key]
-            recorded = {k: built[k] for k in ("query_max_length", "document_max_length")
-                        if isinstance(built.get(k), int)}
-            encoder = Encoder.from_specs(
-                document, query, batch_tokens=m.batch_tokens, threads=m.threads,
-                query_quantize=m.query_quantize,
-                document_quantize=m.document_quantize or built.get("document_quantize"),
-                runtime=m.runtime or built.get("runtime") or "torch",
-                document_int8_version=built_int8_version(built), recorded_lengths=recorded, trace=m.trace,
-                **{k: v for k, v in given.items() if v is not None})
-            if built:
-                from vecplug.indexer.encoder import max_tokens
-
-                if "document_max_length" in recorded:  # texts were never cut past the model's maximum
-                    built = {**built, "document_max_length": min(
-                        recorded["document_max_length"], max_tokens(encoder.document_info))}
-                check_encoder(built, encoder.describe())
-            check_query_encoder(encoder.describe())
-            self._encoder = encoder
+            with LOAD_LOCK:
+                if self._encoder is None:
+                    self._encoder = self._load_encoder()
         return self._encoder
+
+    def _load_encoder(self) -> Any:
+        from vecplug.indexer.encoder import Encoder
+        from vecplug.indexer.models import DEFAULT_STUDENTS
+
+        m = self.settings.model
+        built = self.manifest
+        document = m.document or built.get("document_encoder") or DEFAULT_MODEL
+        if built and m.document:
+            # another document encoder is refused naming both before any query encoder is
+            # paired with it (the index's student would fail first, on its dimension)
+            from vecplug.indexer.models import resolve_model
+
+            given = resolve_model(m.document)
+            check_encoder({k: built[k] for k in ("document_encoder", "document_encoder_checksum") if k in built},
+                          {"document_encoder": given.spec, "document_encoder_checksum": given.checksum})
+        # queries: the flag, else what the index was built with, else the student
+        # registered for the document encoder (if any), else the document encoder
+        query = m.query or built.get("query_encoder") or DEFAULT_STUDENTS.get(document)
+        # prefixes: the setting, else the index's, else the model's; lengths the same way
+        # (the encoder takes the index's as recorded: it may predate the model's cap)
+        given = {"query_prefix": m.query_prefix, "document_prefix": m.document_prefix,
+                 "query_max_length": m.query_max_length, "document_max_length": m.document_max_length}
+        for key in ("query_prefix", "document_prefix"):
+            if given[key] is None and built.get(key) is not None:
+                given[key] = built[key]
+        recorded = {k: built[k] for k in ("query_max_length", "document_max_length")
+                    if isinstance(built.get(k), int)}
+        encoder = Encoder.from_specs(
+            document, query, batch_tokens=m.batch_tokens, threads=m.threads,
+            query_quantize=m.query_quantize,
+            document_quantize=m.document_quantize or built.get("document_quantize"),
+            runtime=m.runtime or built.get("runtime") or "torch",
+            document_int8_version=built_int8_version(built), recorded_lengths=recorded, trace=m.trace,
+            **{k: v for k, v in given.items() if v is not None})
+        if built:
+            from vecplug.indexer.encoder import max_tokens
+
+            if "document_max_length" in recorded:  # texts were never cut past the model's maximum
+                built = {**built, "document_max_length": min(
+                    recorded["document_max_length"], max_tokens(encoder.document_info))}
+            check_encoder(built, encoder.describe())
+        check_query_encoder(encoder.describe())
+        return encoder
 
     @property
     def detector(self) -> Any:
         if self._detector is None:
             from vecplug.indexer.langid import LanguageDetector
+            from vecplug.indexer.models import LOAD_LOCK
 
-            self._detector = LanguageDetector()
+            with LOAD_LOCK:
+                if self._detector is None:
+                    self._detector = LanguageDetector()
         return self._detector
 
     # -- writing -----------------------------------------------------------
@@ -490,7 +500,8 @@ class Index:
         that writes through (a Qdrant server: ``VectorStore.writes_through``) holds other
         documents than they count: a run killed in the middle of a batch left points its
         statistics never took in)."""
-        if self._stats is None:
+        stats = self._stats  # one read: another thread's language_means may reset it
+        if stats is None:
             from vecplug.adapters.bias import LanguageStats
 
             stats = LanguageStats.from_manifest(self.manifest)
@@ -500,7 +511,7 @@ class Index:
                 if self.writable:
                     self.store.commit(stats.to_manifest())
             self._stats = stats
-        return self._stats
+        return stats
 
     def language_means(self) -> Any:
         """The per-language mean vectors the language-bias correction removes, as of the
@@ -509,9 +520,10 @@ class Index:
         if token != self._stats_commit:
             self._stats = self._means = None
             self._stats_commit = token
-        if self._means is None:
-            self._means = self.language_stats.means()
-        return self._means
+        means = self._means  # one read, as in language_stats
+        if means is None:
+            means = self._means = self.language_stats.means()
+        return means
 
     def _reranker(self, spec: str | None) -> Any:
         if not spec or spec == "none":
@@ -520,10 +532,13 @@ class Index:
             return spec  # a Reranker instance
         if spec not in self._rerankers:
             from vecplug.adapters.rerank import get_reranker
+            from vecplug.indexer.models import LOAD_LOCK
 
             options = ({"max_length": self.settings.search.rerank_max_length}
                        if spec.startswith("cross-encoder") else {})
-            self._rerankers[spec] = get_reranker(spec, **options)
+            with LOAD_LOCK:  # one reranker per spec, whichever threads ask at once
+                if spec not in self._rerankers:
+                    self._rerankers[spec] = get_reranker(spec, **options)
         return self._rerankers[spec]
 
     def info(self) -> dict[str, Any]:

@@ -82,7 +82,7 @@ class QueryEncoder(_Side):
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """(n, dim) float32 unit vectors."""
-        return self._encoder.encode_queries(list(texts))
+        return self._encoder.encode_queries(texts)
 
     def document_encoder(self) -> "DocumentEncoder":
         """The twin that embeds documents into the same space (the student's teacher)."""
@@ -97,7 +97,7 @@ class DocumentEncoder(_Side):
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """(n, dim) float32 unit vectors."""
-        return self._encoder.encode_documents(list(texts))
+        return self._encoder.encode_documents(texts)
 
     def query_encoder(self) -> QueryEncoder:
         return QueryEncoder(encoder=self._encoder)

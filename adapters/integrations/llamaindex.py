@@ -1,6 +1,7 @@
 """LlamaIndex: query embeddings from the student, text embeddings from the document encoder."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from vecplug.adapters.integrations import require
@@ -8,12 +9,25 @@ from vecplug.adapters.integrations import require
 require("llamaindex")
 
 from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
-from pydantic import PrivateAttr  # noqa: E402  (comes with llama-index-core)
+from pydantic import Field, PrivateAttr  # noqa: E402  (comes with llama-index-core)
+
+#: texts per call to the document encoder (LlamaIndex's default, 10, is too few for vecplug's
+#: length-sorted batches)
+DEFAULT_BATCH_SIZE = 128
 
 
 class VecplugEmbedding(BaseEmbedding):
-    """A LlamaIndex ``BaseEmbedding`` backed by a vecplug encoder pair (see VecplugEmbeddings)."""
+    """A LlamaIndex ``BaseEmbedding`` backed by a vecplug encoder pair (see VecplugEmbeddings).
 
+    ``index``, ``document`` and ``query`` are fields, so ``to_dict``/``from_dict`` and pickling
+    (LlamaIndex's worker processes) load the same models again; given only an ``encoder``,
+    its document and query models' specs are recorded (an index's own prefixes and lengths
+    come back only with ``index``).
+    """
+
+    index: str | None = Field(default=None, description="vecplug index folder whose models embed")
+    document: str | None = Field(default=None, description="document encoder spec")
+    query: str | None = Field(default=None, description="query encoder spec")
     _encoder: Any = PrivateAttr()
 
     def __init__(self, *, index: str | None = None, document: str | None = None,
@@ -21,8 +35,12 @@ class VecplugEmbedding(BaseEmbedding):
         from vecplug.embedders import load_encoder
 
         enc = encoder if encoder is not None else load_encoder(document, query, index=index)
-        kwargs.setdefault("model_name", f"vecplug:{enc.describe()['document_encoder']}")
-        super().__init__(**kwargs)
+        described = enc.describe()
+        if encoder is not None and index is None and document is None and query is None:
+            document, query = described["document_encoder"], described["query_encoder"]
+        kwargs.setdefault("model_name", f"vecplug:{described['document_encoder']}")
+        kwargs.setdefault("embed_batch_size", DEFAULT_BATCH_SIZE)
+        super().__init__(index=index, document=document, query=query, **kwargs)
         self._encoder = enc
 
     @classmethod
@@ -32,11 +50,19 @@ class VecplugEmbedding(BaseEmbedding):
     def _get_query_embedding(self, query: str) -> list[float]:
         return self._encoder.encode_queries([query])[0].tolist()
 
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._encoder.encode_documents([text])[0].tolist()
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._encoder.encode_documents(list(texts)).tolist()
+        return self._encoder.encode_documents(texts).tolist()
+
+    # async: the model runs in a worker thread (the event loop goes on), one batch per call
+    # (LlamaIndex's default would gather one call per text)
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        return await asyncio.to_thread(self._get_text_embedding, text)
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return await asyncio.to_thread(self._get_text_embeddings, texts)

@@ -25,6 +25,7 @@ from vecplug.adapters.rerank import order_by_scores
 from vecplug.adapters.rerank.base import Query, Reranker, RerankContext
 from vecplug.adapters.stores.base import StoreHit
 from vecplug.errors import ConfigError, ModelError
+from vecplug.indexer.models import loading, quiet_transformers
 
 
 class CrossEncoderReranker(Reranker):
@@ -59,6 +60,7 @@ class CrossEncoderReranker(Reranker):
 
     # -- loading -------------------------------------------------------------
 
+    @loading  # once, whichever threads ask at once (see LOAD_LOCK)
     def load(self) -> None:
         """Load tokenizer and weights (once); refuse a model that is not a usable cross-encoder."""
         if self.model is not None:
@@ -68,8 +70,6 @@ class CrossEncoderReranker(Reranker):
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        from vecplug.indexer.models import quiet_transformers
-
         # the load report and progress bars are noise here: what matters is checked below
         try:
             with quiet_transformers():
