@@ -98,7 +98,11 @@ def text_list(texts: Iterable[str]) -> list[str]:
     would be embedded as a text of its own)."""
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not one string: give [text]")
-    return list(texts)
+    out = list(texts)
+    other = next((i for i, t in enumerate(out) if not isinstance(t, str)), None)
+    if other is not None:
+        raise TypeError(f"texts[{other}] is {type(out[other]).__name__}, not a string")
+    return out
 
 
 class TextEncoder:

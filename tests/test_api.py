@@ -353,6 +353,10 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             index.search_batch(["agua"], langs="es")
         with pytest.raises(vecplug.VecplugError, match="query 1 is empty"):
             index.search_batch(["agua", "  "])
+        with pytest.raises(vecplug.VecplugError, match="query 1 must be a string, not NoneType"):
+            index.search_batch(["agua", None])  # type: ignore[list-item]
+        with pytest.raises(vecplug.VecplugError, match="the query must be a string, not NoneType"):
+            index.search(None)  # type: ignore[arg-type]
         with pytest.raises(vecplug.VecplugError, match="empty"):
             index.search("\u200f\u200e \u200b")  # only bidi marks and a zero-width space
         with pytest.raises(vecplug.VecplugError, match="a list of ids"):

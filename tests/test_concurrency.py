@@ -122,7 +122,7 @@ def test_quiet_loads_in_threads_restore_the_user_s_logging() -> None:
     assert transformers.logging.get_verbosity() == before
 
 
-def test_one_string_is_refused_not_embedded_character_by_character(tiny_model: Path) -> None:
+def test_texts_must_be_a_list_of_strings(tiny_model: Path) -> None:
     import vecplug
 
     d = vecplug.DocumentEncoder(str(tiny_model))
@@ -131,3 +131,7 @@ def test_one_string_is_refused_not_embedded_character_by_character(tiny_model: P
     with pytest.raises(TypeError, match="not one string"):
         d.encoder.encode_queries("How tall is Everest?")
     assert d.encode(("a", "b")).shape == (2, d.dim)  # any sequence of strings
+    with pytest.raises(TypeError, match=r"texts\[1\] is NoneType, not a string"):
+        d.encode(["a", None])
+    with pytest.raises(ValueError, match="not several"):
+        vecplug.QueryEncoder(str(tiny_model), encoder=d.encoder)

@@ -376,6 +376,8 @@ class Index:
         sets the HNSW search breadth for this query (more exact, slower).
         Unset arguments come from the settings (and ``debias`` from the index).
         """
+        if not isinstance(query, str):
+            raise VecplugError(f"the query must be a string, not {type(query).__name__}")
         if _blank(query):
             raise VecplugError("the query is empty")
         return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
@@ -405,7 +407,10 @@ class Index:
         if langs is not None and len(langs) != len(queries):
             raise VecplugError(f"langs gives {len(langs)} languages for {len(queries)} queries: one per "
                                "query (None: detected); target_langs limits the answers' languages")
-        empty = next((i for i, q in enumerate(queries) if _blank(str(q))), None)
+        other = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
+        if other is not None:
+            raise VecplugError(f"query {other} must be a string, not {type(queries[other]).__name__}")
+        empty = next((i for i, q in enumerate(queries) if _blank(q)), None)
         if empty is not None:
             raise VecplugError(f"query {empty} is empty")
         mode = mode or s.mode

@@ -46,6 +46,8 @@ class _Side:
 
     def __init__(self, model: str | None = None, *, index: str | None = None,
                  encoder: Any = None) -> None:
+        if encoder is not None and (model is not None or index is not None):
+            raise ValueError("give a model, an index or an encoder, not several")
         self._encoder = encoder if encoder is not None else self._load(model, index)
 
     def _load(self, model: str | None, index: str | None) -> Any:
