@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from vecplug.api import Index, settings_for
-    from vecplug.types import HNSW_DEFAULTS, Document
+    from vecplug.types import Document
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -195,12 +195,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         encoder = index.encoder
         encoder.document, encoder.query  # both are loaded on first use: load them outside the timings
         load_seconds = time.perf_counter() - t0
-        # the graph's parameters as the index records them (a reused index keeps its own), the
+        # the graph's parameters as the store uses them (a reused index keeps its own), the
         # search breadth as set for this run, else the recorded one
-        recorded = {**HNSW_DEFAULTS, **(index.manifest.get("store") or {})}
-        hnsw = {"M": recorded["M"], "ef_construction": recorded["ef_construction"],
-                "ef_search": recorded["ef_search"] if settings.index.hnsw_ef_search is None
-                else settings.index.hnsw_ef_search}
+        hnsw = index.store.parameters
         try:
             # -- indexing
             docs = [Document(id=s.doc_id, text=s.text, source=f"xquad-r/{s.lang}", position=s.index,

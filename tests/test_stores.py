@@ -228,8 +228,12 @@ def test_hnswlib_ef_is_per_query(tmp_path: Path) -> None:
         narrow, default, wide = recall(10), recall(None), recall(1000)
         assert wide > 0.97 and narrow < wide - 0.05
         assert recall(None) == default  # the narrow search did not change the index's ef
+        assert store.parameters == {"M": 6, "ef_construction": 20, "ef_search": 128}
     finally:
         store.close()
+    # the graph's parameters are the index's; the search breadth given at open wins
+    with cls.open(str(tmp_path / "idx"), {"ef_search": 40}) as reader:
+        assert reader.parameters == {"M": 6, "ef_construction": 20, "ef_search": 40}
 
 
 def test_hnswlib_large_filter_walks_the_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

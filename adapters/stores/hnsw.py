@@ -181,6 +181,13 @@ class HnswStore(VectorStore):
         # per language set: labels, and their vectors as columns or (too many) a set of labels
         self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
 
+    @property
+    def parameters(self) -> dict[str, int]:
+        """The graph's ``M`` and ``ef_construction`` and the default search breadth
+        ``ef_search``, as this handle uses them: given at open, else the index's, else the
+        defaults."""
+        return {key: int(self._options[key]) for key in HNSW_DEFAULTS}
+
     # -- lifecycle ---------------------------------------------------------
 
     @classmethod
