@@ -179,6 +179,7 @@ class TextEncoder:
         #: and the model's traced graph once made (``indexer.traced``: the same vectors without
         #: torch's per-operation overhead)
         self.small_forwards, self.graph = 0, None
+        self._count_lock = threading.Lock()
         self.trace_after: int | None = TRACE_AFTER if runtime == "torch" and trace else None
 
     def tokenize(self, texts: Sequence[str], prefix: str, max_length: int) -> list[list[int]]:
@@ -264,9 +265,12 @@ class TextEncoder:
         if self.onnx is not None:
             return torch.from_numpy(self.onnx(self._embeddings(input_ids), mask))
         if input_ids.size <= SMALL_FORWARD_TOKENS:
-            self.small_forwards += 1
-            if self.small_forwards == self.trace_after:
-                self._trace()
+            with self._count_lock:  # threads encoding at once: counted once each, traced once
+                self.small_forwards += 1
+                due = self.small_forwards == self.trace_after
+            if due:
+                with LOAD_LOCK:  # tracing silences warnings process-wide (warnings.catch_warnings)
+                    self._trace()
         ids, mask = torch.from_numpy(input_ids), torch.from_numpy(mask)
         if self.graph is not None:
             hidden = self.graph(ids, mask)
