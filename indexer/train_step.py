@@ -97,7 +97,9 @@ def _bi(model: Any, task: TaskConfig, batch: Sequence[Any], fn: Any, options: di
 
 def candidate_lists(batch: Sequence[Any], size: int) -> tuple[list[list[str]], list[list[float]]]:
     """Per row: its positive, its own negatives (but none that is the anchor or a positive of
-    its question), then other rows' positives that are not answers to the same question;
+    its question), then other rows' positives that are not answers to the same question, from
+    the next row on round the batch (taken in batch order, every row got row 0's positive
+    first: with lists shorter than the batch, later rows' positives were never negatives);
     labels 1 for the positive and 0 for the rest."""
     ids = same_question_ids(batch).tolist()
     own: dict[int, set[str]] = {}
@@ -106,7 +108,8 @@ def candidate_lists(batch: Sequence[Any], size: int) -> tuple[list[list[str]], l
     lists, labels = [], []
     for i, e in enumerate(batch):
         cands = [e.positives[0]] + [n for n in e.negatives if normalise(n) not in own[ids[i]]]
-        cands += [o.positives[0] for j, o in enumerate(batch) if j != i and ids[j] != ids[i]]
+        others = ((i + k) % len(batch) for k in range(1, len(batch)))
+        cands += [batch[j].positives[0] for j in others if ids[j] != ids[i]]
         cands = cands[:size]
         lists.append(cands)
         labels.append([1.0] + [0.0] * (len(cands) - 1))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tests.conftest import SHARED, TINY_TEXT
+from conftest import SHARED, TINY_TEXT
 from vecplug.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -484,6 +484,9 @@ def test_a_hard_negative_that_is_a_row_s_positive_is_not_its_negative(tmp_path: 
     same_question = [Example("q", ("p0",), ("p1", "n0")), Example("q", ("p1",))]
     lists, labels = candidate_lists(same_question, 8)
     assert lists == [["p0", "n0"], ["p1"]] and labels == [[1.0, 0.0], [1.0]]
+    # other rows' positives from the next row on: each row's is a negative as often as any
+    rows = [Example(f"q{i}", (f"d{i}",)) for i in range(5)]
+    assert candidate_lists(rows, 2)[0] == [["d0", "d1"], ["d1", "d2"], ["d2", "d3"], ["d3", "d4"], ["d4", "d0"]]
 
 
 def test_rows_are_linked_on_every_positive_and_normalised_texts() -> None:
