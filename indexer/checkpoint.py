@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,25 +57,37 @@ def save(work: Path, named: dict[str, Any], optimizer: Any, state: dict[str, Any
             old.unlink(missing_ok=True)
 
 
-def load(work: Path, key: str, named: dict[str, Any], optimizer: Any) -> dict[str, Any] | None:
+def load(work: Path, key: str, named: dict[str, Any], optimizer: Any,
+         log: Callable[[str], None] = lambda message: None) -> dict[str, Any] | None:
     """Restore a checkpoint of the run ``key`` into ``named`` and ``optimizer``; its state, or
-    None when there is none (or it belongs to another run, or its files are unreadable)."""
+    None when there is none (or it belongs to another run, or its files are unreadable: said
+    through ``log``, since the run then starts over and replaces it)."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    try:
-        state = json.loads((work / STATE).read_text())
-    except (OSError, ValueError):
+    path = work / STATE
+    if not path.exists():
         return None
-    if not isinstance(state, dict) or state.get("key") != key:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        state = None
+    if not isinstance(state, dict) or "key" not in state:
+        log(f"the checkpoint in {work} is unreadable: starting over")
+        return None
+    if state.get("key") != key:
+        log(f"the checkpoint in {work} (step {state.get('step', '?')}) is of another run: its "
+            "configuration or data differ; starting over (this run's first checkpoint replaces it)")
         return None
     files = state.get("files") or {"weights": WEIGHTS, "optimizer": OPTIMIZER}
     try:
         weights = load_file(str(work / files["weights"]))
         saved = load_file(str(work / files["optimizer"])) if os.path.isfile(work / files["optimizer"]) else {}
     except (OSError, SafetensorError, KeyError, TypeError):
-        return None  # a damaged checkpoint: the run starts over rather than from wrong weights
+        # a damaged checkpoint: the run starts over rather than from wrong weights
+        log(f"the checkpoint in {work} is damaged: starting over")
+        return None
     with torch.no_grad():
         for n, p in named.items():
             if n in weights:

@@ -260,7 +260,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
 
     step, losses = 0, []
     named = {n: p for n, p in modules.named_parameters() if p.requires_grad}
-    state = checkpoint.load(work, key, named, optimizer)
+    state = checkpoint.load(work, key, named, optimizer, log)
     if state is not None:
         step, losses = int(state["step"]), list(state["losses"])
         log(f"resuming at step {step} of {total}")

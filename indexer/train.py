@@ -248,9 +248,15 @@ def _fingerprint(config: TrainConfig, base_checksum: str, tasks: list[TaskData])
     h.update(json.dumps({k: v for k, v in dataclasses.asdict(config).items()
                          if k not in ("checkpoint_every", "output")}, sort_keys=True, default=str).encode())
     h.update(base_checksum.encode())
+    # every field that shapes the batches or the measures (languages: mono batches; group;
+    # the held-out examples), not where an example was read
     for t in tasks:
-        for e in t.train:
-            h.update(json.dumps([e.anchor, e.positives, e.negatives, e.label], ensure_ascii=False).encode())
+        for part in (t.train, t.held_out):
+            h.update(str(len(part)).encode())
+            for e in part:
+                values = ([getattr(e, f.name) for f in dataclasses.fields(e) if f.name != "where"]
+                          if dataclasses.is_dataclass(e) else repr(e))
+                h.update(json.dumps(values, ensure_ascii=False, default=str).encode())
     return h.hexdigest()[:16]
 
 
@@ -306,7 +312,7 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
                                   weight_decay=config.weight_decay)
     work = out.parent / f"{out.name}{WORK}"
     step, losses, evaluations = 0, [], []
-    state = checkpoint.load(work, key, params, optimizer)
+    state = checkpoint.load(work, key, params, optimizer, log)
     if state is not None:
         step, losses, evaluations = int(state["step"]), list(state["losses"]), list(state["evaluations"])
         log(f"resuming at step {step} of {total}")

@@ -64,8 +64,14 @@ def test_a_damaged_checkpoint_is_not_resumed(tmp_path: Path) -> None:
     files = json.loads((tmp_path / checkpoint.STATE).read_text())["files"]
     (tmp_path / files["weights"]).write_bytes(b"\x00" * 10)
     fresh, fresh_optimizer = _model_and_optimizer(seed=1)
-    assert checkpoint.load(tmp_path, "k", dict(fresh.named_parameters()), fresh_optimizer) is None
-    assert checkpoint.load(tmp_path, "another run", dict(fresh.named_parameters()), fresh_optimizer) is None
+    said: list[str] = []
+    assert checkpoint.load(tmp_path, "k", dict(fresh.named_parameters()), fresh_optimizer, said.append) is None
+    assert checkpoint.load(tmp_path, "another run", dict(fresh.named_parameters()), fresh_optimizer,
+                           said.append) is None
+    # starting over is said: the checkpoint is replaced at the run's first one
+    assert "is damaged: starting over" in said[0] and "(step 1) is of another run" in said[1]
+    assert checkpoint.load(tmp_path / "none", "k", dict(fresh.named_parameters()), fresh_optimizer,
+                           said.append) is None and len(said) == 2  # no checkpoint: nothing to say
 
 
 def test_a_checkpoint_of_the_earlier_layout_still_resumes(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 the rest of vecplug takes as they are."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -595,3 +596,23 @@ def test_held_out_ranks_leave_out_the_anchor_s_other_positives() -> None:
     vectors["Thanks."] = [0, 1, 0]
     cross = evaluate_held_out(FakeModel(vectors, kind="cross-encoder"), [task])["t"]
     assert (cross["accuracy@1"], cross["mrr@10"]) == (1.0, 1.0)
+
+
+def test_the_resume_fingerprint_covers_languages_groups_and_held_out() -> None:
+    """A run resumed after its data changed only in a language (which shapes mono batches), a
+    group or a held-out example mixed the old checkpoint with another plan; where an example
+    was read does not count."""
+    from vecplug.indexer.train import TaskData, _fingerprint
+    from vecplug.indexer.train_config import TaskConfig, TrainConfig
+    from vecplug.indexer.train_data import Example
+
+    def key(train: list[Example], held_out: list[Example]) -> str:
+        return _fingerprint(TrainConfig(), "sum", [TaskData("t", TaskConfig(), train, held_out, {})])
+
+    a = [Example("q", ("p",), anchor_lang="en", positive_lang="de", where="a.jsonl:1")]
+    held = [Example("h", ("x",))]
+    base = key(a, held)
+    assert key([dataclasses.replace(a[0], where="b.jsonl:7")], held) == base
+    for changed in (dataclasses.replace(a[0], positive_lang="fr"), dataclasses.replace(a[0], group="g")):
+        assert key([changed], held) != base
+    assert key(a, []) != base and key(a, [Example("h", ("y",))]) != base
