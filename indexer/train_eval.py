@@ -56,8 +56,9 @@ def _bi_pairs(model: Any, task: Any) -> dict[str, float]:
             for j in doc_of.get(key, ()):
                 if j != own[r]:
                     scores[r, j] = -np.inf
-    # rank of the own positive: how many texts score strictly higher
-    rank = (scores > own_scores[:, None]).sum(1)
+    # rank of the own positive: how many other texts score as high or higher (a tie counts
+    # against the model: a collapsed one, all vectors equal, would otherwise rank first)
+    rank = (scores >= own_scores[:, None]).sum(1) - 1
     import torch
 
     a, p = torch.from_numpy(anchors), torch.from_numpy(docs[own])
@@ -92,7 +93,7 @@ def _cross(model: Any, task: Any) -> dict[str, float]:
     ranks, at = [], 0
     for n in sizes:
         s = scores[at:at + n]
-        ranks.append(int((s[1:] > s[0]).sum()))
+        ranks.append(int((s[1:] >= s[0]).sum()))  # ties count against the model, as above
         at += n
     r = np.array(ranks)
     return {"examples": len(held), "accuracy@1": float(np.mean(r == 0)), "mrr@10": _mrr(r)}

@@ -596,6 +596,11 @@ def test_held_out_ranks_leave_out_the_anchor_s_other_positives() -> None:
     vectors["Thanks."] = [0, 1, 0]
     cross = evaluate_held_out(FakeModel(vectors, kind="cross-encoder"), [task])["t"]
     assert (cross["accuracy@1"], cross["mrr@10"]) == (1.0, 1.0)
+    # a collapsed model (every vector the same) ranks nothing first: ties count against it
+    same = {text: [1.0, 1.0, 1.0] for text in vectors}
+    for kind in ("bi-encoder", "cross-encoder"):
+        collapsed = evaluate_held_out(FakeModel(same, kind=kind), [task])["t"]
+        assert collapsed["accuracy@1"] == 0.0 and collapsed["mrr@10"] < 0.5
 
 
 def test_the_resume_fingerprint_covers_languages_groups_and_held_out() -> None:
