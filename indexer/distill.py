@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.errors import ModelMismatchError, VecplugError
+from vecplug.errors import ConfigError, ModelMismatchError, VecplugError
 from vecplug.types import Problem
 
 WORK = ".distill-work"
@@ -193,6 +193,8 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     from vecplug.indexer.student import make_head, make_student, pca, pick_layers, prune_ffn, save_student
     from vecplug.indexer.train_data import log_problems
 
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"stop_after must be at least 1, got {stop_after}")
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     teacher = TextEncoder(resolve_model(config.teacher))

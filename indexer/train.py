@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from vecplug.errors import ConfigError
-from vecplug.indexer.train_config import FIELD_HEAD_OPTIONS, KINDS, MINING, TASK_FORMATS, TaskConfig, TrainConfig
+from vecplug.indexer.train_config import (FIELD_HEAD_OPTIONS, KINDS, MINING, TASK_FORMATS, EvalConfig, TaskConfig,
+                                          TrainConfig)
 from vecplug.types import Problem
 
 WORK = ".train-work"
@@ -80,8 +81,20 @@ def validate(config: TrainConfig) -> None:
             raise bad(f"{name} must be at least 1, got {value}")
     if config.batch_size < 2:
         raise bad("batch_size must be at least 2 (in-batch negatives)")
-    if not config.learning_rate > 0 or not 0 <= config.warmup < 1 or config.max_grad_norm <= 0:
-        raise bad("learning_rate and max_grad_norm must be positive and warmup in [0, 1)")
+    # NaN passes every comparison's negation: finite first
+    for name, value in (("learning_rate", config.learning_rate), ("max_grad_norm", config.max_grad_norm)):
+        if not (math.isfinite(value) and value > 0):
+            raise bad(f"{name} must be a positive number, got {value}")
+    if not (math.isfinite(config.weight_decay) and config.weight_decay >= 0):
+        raise bad(f"weight_decay must be 0 or more, got {config.weight_decay}")
+    if not 0 <= config.warmup < 1:
+        raise bad(f"warmup must be in [0, 1), got {config.warmup}")
+    for name, value in (("max_steps", config.max_steps), ("layers", config.layers),
+                        ("eval.xquad_limit", config.eval.xquad_limit)):
+        if value is not None and value < 1:
+            raise bad(f"{name} must be at least 1 (or unset), got {value}")
+    if config.eval.every < 0:
+        raise bad(f"eval.every must be 0 (only before and after) or more, got {config.eval.every}")
     if not 0 <= config.eval.held_out < 0.5:
         raise bad(f"eval.held_out must be in [0, 0.5), got {config.eval.held_out}")
     if config.kind == "field-head":
@@ -112,12 +125,23 @@ def validate(config: TrainConfig) -> None:
                 raise bad(f"{where}: mine.method '{task.mine.method}' is not one of {', '.join(MINING)}")
             if task.mine.per_example < 1:
                 raise bad(f"{where}: mine.per_example must be at least 1")
+            if task.mine.skip_top < 0:
+                raise bad(f"{where}: mine.skip_top must be 0 or more")
+        if task.langs and task.format != "tatoeba":
+            raise bad(f"{where}: langs picks Tatoeba languages; this task's format is {task.format}")
         if task.list_size < 2:
             raise bad(f"{where}: list_size must be at least 2")
         name = task_name(task, i)
         if name in names:
             raise bad(f"two tasks are named '{name}'; give them distinct names")
         names.add(name)
+
+
+#: what a field-head run takes (the rest of a config is for bi- and cross-encoders): set to
+#: anything but its default, another setting would be silently ignored, so it is refused
+FIELD_HEAD_SETTINGS = ("model", "kind", "output", "tasks", "epochs", "batch_size", "learning_rate",
+                       "weight_decay", "seed", "eval")
+FIELD_HEAD_TASK_SETTINGS = ("data", "format", "options", "name")
 
 
 def _validate_field_head(config: TrainConfig) -> None:
@@ -128,6 +152,17 @@ def _validate_field_head(config: TrainConfig) -> None:
     if unknown:
         raise ConfigError(f"train config: unknown field-head option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(FIELD_HEAD_OPTIONS)}")
+    unused = [f.name for f in dataclasses.fields(config)
+              if f.name not in FIELD_HEAD_SETTINGS and getattr(config, f.name) != getattr(TrainConfig(), f.name)]
+    unused += [f"eval.{f.name}" for f in dataclasses.fields(config.eval)
+               if f.name != "held_out" and getattr(config.eval, f.name) != getattr(EvalConfig(), f.name)]
+    unused += [f"tasks[0].{f.name}" for f in dataclasses.fields(config.tasks[0])
+               if f.name not in FIELD_HEAD_TASK_SETTINGS
+               and getattr(config.tasks[0], f.name) != getattr(TaskConfig(), f.name)]
+    if unused:
+        raise ConfigError(f"train config: a field-head run does not use {', '.join(unused)}: remove "
+                          f"{'it' if len(unused) == 1 else 'them'} (it takes: {', '.join(FIELD_HEAD_SETTINGS)}; "
+                          "its task: data, format: fields, options)")
 
 
 def task_name(task: TaskConfig, i: int) -> str:
@@ -283,6 +318,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     from vecplug.indexer.train_step import loss_of
 
     validate(config)
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"stop_after must be at least 1, got {stop_after}")
     started = time.perf_counter()
     out = Path(config.output).expanduser()
     info = resolve_model(config.model)

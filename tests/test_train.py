@@ -110,6 +110,20 @@ def test_config_is_safe_yaml_and_flags_override(tmp_path: Path) -> None:
     ({"tasks": [{"data": "x", "loss": "ranking", "composition": "zigzag"}]}, "composition"),
     ({"tasks": [{"data": "x", "loss": "ranking", "options": {"scael": 20}}]}, "scael"),
     ({"tasks": [{"data": "x", "name": "a"}, {"data": "y", "name": "a"}]}, "distinct"),
+    # values that passed and then ran wrong (a step dropped, NaN, torch's error after the load)
+    ({"max_steps": -1}, "max_steps must be at least 1"),
+    ({"max_grad_norm": float("nan")}, "max_grad_norm must be a positive number"),
+    ({"learning_rate": float("inf")}, "learning_rate must be a positive number"),
+    ({"weight_decay": -1}, "weight_decay must be 0 or more"),
+    ({"eval": {"every": -1}}, "eval.every"),
+    ({"eval": {"xquad_limit": -1}}, "eval.xquad_limit"),
+    ({"layers": 0}, "layers must be at least 1"),
+    ({"tasks": [{"data": "x", "langs": ["deu"]}]}, "langs picks Tatoeba languages"),
+    ({"tasks": [{"data": "x", "mine": {"skip_top": -1}}]}, r"task 1 \(x\): mine.skip_top"),
+    # a field-head run refuses what it would ignore
+    ({"kind": "field-head", "max_steps": 1, "warmup": 0.5, "eval": {"every": 2},
+      "tasks": [{"data": "x", "format": "fields", "loss": "triplet", "mine": {"method": "bm25"}}]},
+     "does not use max_steps, warmup, eval.every, tasks\\[0\\].loss, tasks\\[0\\].mine"),
 ])
 def test_validate_refuses_configs_that_cannot_run(tmp_path: Path, change: dict, message: str) -> None:
     from vecplug.config import load_train_config
@@ -339,6 +353,8 @@ def test_field_head_kind_trains_a_head_the_reranker_loads(tmp_path: Path, tiny_m
     values["tasks"][0]["options"] = {"temperature": 1}
     with pytest.raises(ConfigError, match="temperature"):
         run_training(write_config(tmp_path / "u.yaml", **values), progress=False)
+    with pytest.raises(ConfigError, match="cannot be stopped and resumed"):
+        run_training(write_config(tmp_path / "u.yaml", **values), progress=False, stop_after=1)
 
 
 # -- the real model ---------------------------------------------------------------------------
@@ -621,3 +637,20 @@ def test_the_resume_fingerprint_covers_languages_groups_and_held_out() -> None:
     for changed in (dataclasses.replace(a[0], positive_lang="fr"), dataclasses.replace(a[0], group="g")):
         assert key([changed], held) != base
     assert key(a, []) != base and key(a, [Example("h", ("y",))]) != base
+
+
+def test_stop_after_must_be_at_least_one(tmp_path: Path) -> None:
+    """stop_after=0 ran one step (and the CLI said "stopped after 0 steps")."""
+    from vecplug.cli import cli
+    from vecplug.config import load_train_config
+    from vecplug.indexer.distill import DistillConfig, distill
+    from vecplug.indexer.train import train
+
+    config = load_train_config(write_config(tmp_path / "c.yaml", model="m", output=str(tmp_path / "o"),
+                                            tasks=[{"data": "x"}]))
+    with pytest.raises(ConfigError, match="stop_after must be at least 1"):
+        train(config, stop_after=0, progress=False)
+    with pytest.raises(ConfigError, match="stop_after must be at least 1"):
+        distill(DistillConfig(teacher="m"), tmp_path / "s", progress=False, stop_after=0)
+    result = CliRunner().invoke(cli, ["train", str(tmp_path / "c.yaml"), "--stop-after", "0"])
+    assert result.exit_code != 0 and "--stop-after" in result.output

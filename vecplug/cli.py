@@ -253,7 +253,7 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
 @click.option("--ffn-width", type=int, help="Feed-forward neurons kept per layer (me5-small has 1536), the ones "
                                             "contributing most on the training texts: faster queries.")
 @click.option("--out", type=click.Path(file_okay=False), help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN].")
-@click.option("--stop-after", type=int, help="Stop after N steps (checkpointed; rerun to resume).")
+@click.option("--stop-after", type=click.IntRange(min=1), help="Stop after N steps (checkpointed; rerun to resume).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_errors
 def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | None, texts: tuple[str, ...],
@@ -293,7 +293,7 @@ def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | Non
 @click.option("--epochs", type=int, help="Epochs (overrides the config).")
 @click.option("--max-steps", type=int, help="Stop after this many steps in all (overrides the config).")
 @click.option("--seed", type=int, help="Random seed (overrides the config).")
-@click.option("--stop-after", type=int, help="Stop this run after N steps (checkpointed; rerun to resume).")
+@click.option("--stop-after", type=click.IntRange(min=1), help="Stop this run after N steps (checkpointed; rerun to resume).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_errors
 def train_cmd(config_file: str, output: str | None, model: str | None, epochs: int | None,

@@ -56,6 +56,11 @@ def run_training(config_file: str | Path, overrides: Mapping[str, Any] | None = 
 
     config = load_train_config(config_file, overrides)
     if config.kind == "field-head":
+        if stop_after is not None:
+            from vecplug.errors import ConfigError
+
+            # a head trains in seconds to minutes and keeps no checkpoint to resume from
+            raise ConfigError("a field-head run cannot be stopped and resumed (--stop-after): it runs whole")
         return train_field_head(config, progress=progress, log=log)
     evaluators = {}
     if config.eval.xquad_r:
