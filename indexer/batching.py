@@ -193,6 +193,13 @@ def compose_batches(examples: Sequence[Example], batch_size: int, *, composition
              "a batch mixes languages, so the language alone singles out the positive among the "
              "in-batch negatives and the model can learn to match languages instead of meaning; "
              "prefer 'mono' (one language per batch) or cross-lingual pairs with 'xy'")
+    if composition == "xy" and len(langs) > 1:
+        # xy's batches are xx's when the pairs are same-language: the same trap (LAReQA's X-X)
+        same = sum(1 for ex in examples if ex.anchor_lang and ex.anchor_lang == ex.positive_lang)
+        if same > n / 2:
+            warn(f"batch composition 'xy': {same} of {n} examples pair texts of one language, in "
+                 "batches that mix languages, so the language alone singles out most positives "
+                 "(LAReQA's X-X setting); prefer 'mono' for same-language pairs")
     if composition == "mono" and not langs:
         warn("batch composition 'mono': no example has a language, so the batches are random")
     rng = random.Random(f"batches:{seed}:{epoch}")

@@ -268,11 +268,18 @@ def plan_steps(config: TrainConfig, tasks: list[TaskData], log: Callable[[str], 
                                               easy_share=c.easy_share, by_group=c.by_group,
                                               seed=config.seed, epoch=epoch,
                                               warn=log if epoch == 0 else (lambda m: None))
+        single: dict[str, int] = {}
         for name, number in schedule({n: len(b) for n, b in batches.items()}, config.schedule,
                                      seed=config.seed, epoch=epoch):
             batch = batches[name][number]
             if len(batch) >= 2 or by_name[name].config.loss in ("cosine_bce", "smooth_ordinal", "pointwise_bce"):
                 steps.append((epoch, name, list(batch)))
+            else:  # one row has no in-batch negative to learn from
+                single[name] = single.get(name, 0) + 1
+        if epoch == 0:
+            for name, n in single.items():
+                log(f"task '{name}': {n} batch{'es' * (n != 1)} of a single example (a language, group or "
+                    "anchor with one example) skipped each epoch: its loss needs other rows")
         if config.max_steps is not None and len(steps) >= config.max_steps:
             break
     return steps[:config.max_steps] if config.max_steps is not None else steps

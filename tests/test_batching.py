@@ -69,6 +69,17 @@ def test_xx_warns_and_proceeds() -> None:
         compose_batches(multilingual(20, pairs=(("de", "de"),)), 8, composition="xx")
 
 
+def test_xy_on_same_language_pairs_warns_as_xx_does() -> None:
+    """xy batches of same-language pairs are xx's batches: the same trap, said."""
+    examples = multilingual(20, pairs=(("de", "de"), ("fr", "fr")))
+    messages: list[str] = []
+    compose_batches(examples, 8, composition="xy", warn=messages.append)
+    assert len(messages) == 1 and "40 of 40 examples pair texts of one language" in messages[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # cross-lingual pairs (the default mix: 1 in 3 same-language)
+        compose_batches(multilingual(20), 8, composition="xy")
+
+
 def test_by_group() -> None:
     examples = multilingual(60, group=True)
     batches = compose_batches(examples, 8, by_group=True, seed=2)

@@ -654,3 +654,19 @@ def test_stop_after_must_be_at_least_one(tmp_path: Path) -> None:
         distill(DistillConfig(teacher="m"), tmp_path / "s", progress=False, stop_after=0)
     result = CliRunner().invoke(cli, ["train", str(tmp_path / "c.yaml"), "--stop-after", "0"])
     assert result.exit_code != 0 and "--stop-after" in result.output
+
+
+def test_single_example_batches_are_said_not_dropped_silently() -> None:
+    """A mono batch of one (the only French pair) has no in-batch negative and is skipped: the
+    run says so instead of never training that pair without a word."""
+    from vecplug.indexer.train import TaskData, plan_steps
+    from vecplug.indexer.train_config import TaskConfig, TrainConfig
+    from vecplug.indexer.train_data import Example
+
+    train = [Example(f"a{i}", (f"p{i}",), anchor_lang="en", positive_lang="de") for i in range(4)]
+    train.append(Example("a9", ("p9",), anchor_lang="en", positive_lang="fr"))
+    task = TaskData("t", TaskConfig(composition="mono"), train, [], {})
+    said: list[str] = []
+    steps = plan_steps(TrainConfig(batch_size=4, epochs=2), [task], said.append)
+    assert sorted(i for _, _, batch in steps for i in batch) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert any("1 batch of a single example" in m for m in said)
