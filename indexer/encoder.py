@@ -75,14 +75,15 @@ class SharedTokenizer:
 
 
 _TOKENIZERS: "weakref.WeakValueDictionary[tuple[str, str], SharedTokenizer]" = weakref.WeakValueDictionary()
-_TOKENIZERS_LOCK = threading.Lock()
 
 
 def shared_tokenizer(folder: Path, checksum: str) -> SharedTokenizer:
     """The process's tokenizer of ``folder`` (the model there has weights ``checksum``: a
     folder rebuilt with other weights gets its tokenizer loaded anew); kept while in use."""
     key = (str(folder.resolve()), checksum)
-    with _TOKENIZERS_LOCK:
+    # the load lock, not one of its own: a load (holding it) gets its tokenizer here, and two
+    # locks taken in both orders could deadlock
+    with LOAD_LOCK:
         held = _TOKENIZERS.get(key)
         if held is None:
             from transformers import AutoTokenizer

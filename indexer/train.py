@@ -161,8 +161,9 @@ def _validate_field_head(config: TrainConfig) -> None:
                and getattr(config.tasks[0], f.name) != getattr(TaskConfig(), f.name)]
     if unused:
         raise ConfigError(f"train config: a field-head run does not use {', '.join(unused)}: remove "
-                          f"{'it' if len(unused) == 1 else 'them'} (it takes: {', '.join(FIELD_HEAD_SETTINGS)}; "
-                          "its task: data, format: fields, options)")
+                          f"{'it' if len(unused) == 1 else 'them'} (it takes: model, output, epochs, batch_size, "
+                          "learning_rate, weight_decay, seed, eval.held_out and one task: data, format: fields, "
+                          "options)")
 
 
 def task_name(task: TaskConfig, i: int) -> str:
@@ -285,11 +286,20 @@ def plan_steps(config: TrainConfig, tasks: list[TaskData], log: Callable[[str], 
     return steps[:config.max_steps] if config.max_steps is not None else steps
 
 
-def _fingerprint(config: TrainConfig, base_checksum: str, tasks: list[TaskData]) -> str:
+def _fingerprint(config: TrainConfig, base_checksum: str, tasks: list[TaskData], *, version: int = 2) -> str:
+    """What a checkpoint and a finished output are recognised by: the config (but where it is
+    written and how often it checkpoints), the base model and the data. ``version`` 1 is the
+    formula of outputs trained before 2026-11-24 (texts and labels only), still recognised as
+    finished runs."""
     h = hashlib.sha256()
     h.update(json.dumps({k: v for k, v in dataclasses.asdict(config).items()
                          if k not in ("checkpoint_every", "output")}, sort_keys=True, default=str).encode())
     h.update(base_checksum.encode())
+    if version == 1:
+        for t in tasks:
+            for e in t.train:
+                h.update(json.dumps([e.anchor, e.positives, e.negatives, e.label], ensure_ascii=False).encode())
+        return h.hexdigest()[:16]
     # every field that shapes the batches or the measures (languages: mono batches; group;
     # the held-out examples), not where an example was read
     for t in tasks:
@@ -341,7 +351,8 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     key = _fingerprint(config, info.checksum, tasks)
     if out.exists():
         meta = _read_json(out / "vecplug.json")
-        if meta.get("training", {}).get("fingerprint") == key:
+        done = meta.get("training", {}).get("fingerprint")
+        if done is not None and done in (key, _fingerprint(config, info.checksum, tasks, version=1)):
             log(f"{out} already holds this training run's result")
             return TrainReport(out, int(meta["training"]["steps"]), 0.0,
                                evaluations=list(meta["training"].get("evaluations", [])))

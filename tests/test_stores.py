@@ -231,8 +231,9 @@ def test_hnswlib_ef_is_per_query(tmp_path: Path) -> None:
         assert store.parameters == {"M": 6, "ef_construction": 20, "ef_search": 128}
     finally:
         store.close()
-    # the graph's parameters are the index's; the search breadth given at open wins
-    with cls.open(str(tmp_path / "idx"), {"ef_search": 40}) as reader:
+    # the graph's parameters are those it was built with (whatever is given at open); the
+    # search breadth given at open wins
+    with cls.open(str(tmp_path / "idx"), {"ef_search": 40, "M": 32, "ef_construction": 400}) as reader:
         assert reader.parameters == {"M": 6, "ef_construction": 20, "ef_search": 40}
 
 

@@ -182,6 +182,16 @@ def test_bi_encoder_trains_writes_a_model_vecplug_uses_and_records_it(tmp_path: 
     # the same command again finds the result and does nothing
     again = run_training(config, progress=False)
     assert again.steps == report.steps and again.seconds == 0.0
+    # so does an output of the same run recorded by the fingerprint of earlier versions
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import _fingerprint, load_tasks
+
+    loaded = load_train_config(config)
+    meta = json.loads((out / "vecplug.json").read_text())
+    meta["training"]["fingerprint"] = _fingerprint(loaded, resolve_model(str(tiny_model)).checksum,
+                                                   load_tasks(loaded, [], lambda m: None), version=1)
+    (out / "vecplug.json").write_text(json.dumps(meta))
+    assert run_training(config, progress=False).seconds == 0.0
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path: Path, tiny_model: Path) -> None:
@@ -617,6 +627,11 @@ def test_held_out_ranks_leave_out_the_anchor_s_other_positives() -> None:
     for kind in ("bi-encoder", "cross-encoder"):
         collapsed = evaluate_held_out(FakeModel(same, kind=kind), [task])["t"]
         assert collapsed["accuracy@1"] == 0.0 and collapsed["mrr@10"] < 0.5
+    # NaN (a diverged model) ranks last, not first (nor at rank -1: an MRR of inf)
+    nan = {text: [float("nan")] * 3 for text in vectors}
+    for kind in ("bi-encoder", "cross-encoder"):
+        diverged = evaluate_held_out(FakeModel(nan, kind=kind), [task])["t"]
+        assert (diverged["accuracy@1"], diverged["mrr@10"]) == (0.0, 0.0)
 
 
 def test_the_resume_fingerprint_covers_languages_groups_and_held_out() -> None:

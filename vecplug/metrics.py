@@ -35,11 +35,15 @@ def relevant_ids(relevant: Relevance) -> set[str]:
     return set(relevant)
 
 
+def _check_k(k: int) -> None:
+    """Every cut-off metric refuses k < 1, whatever the ranking (not only when it gets to it)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, not {k}")
+
+
 def _first_ranks(ranked: Sequence[str], k: int | None = None) -> list[tuple[int, str]]:
     """``(rank, id)`` of ``ranked[:k]``, ranks from 1, each id at its first rank only: a later
     repeat is skipped without moving the ranks after it (as ml_metrics' AP does)."""
-    if k is not None and k < 1:
-        raise ValueError(f"k must be at least 1, not {k}")
     seen: set[str] = set()
     out = []
     for rank, item in enumerate(ranked[:k] if k is not None else ranked, 1):
@@ -57,6 +61,7 @@ def average_precision_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 
     divisor is ``min(R, k)``, not R: a query with more relevant documents than k can still
     score 1.)
     """
+    _check_k(k)
     rel = relevant_ids(relevant)
     if not rel:
         return 0.0
@@ -89,6 +94,7 @@ def ndcg_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 10) -> float:
     Linear gains (the grade itself), as trec_eval and BEIR compute it; a plain collection of
     ids gives every relevant document grade 1.
     """
+    _check_k(k)
     if isinstance(relevant, str):
         relevant_ids(relevant)  # raises
     grades = ({d: g for d, g in relevant.items() if g > 0} if isinstance(relevant, Mapping)
@@ -106,6 +112,7 @@ def ndcg_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 10) -> float:
 def reciprocal_rank_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 10) -> float:
     """RR@k: 1 / the rank of the first relevant document within the top k, else 0 (MRR@k is
     its mean over queries)."""
+    _check_k(k)
     rel = relevant_ids(relevant)
     for rank, item in _first_ranks(ranked, k):
         if item in rel:
@@ -115,6 +122,7 @@ def reciprocal_rank_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 10
 
 def recall_at_k(ranked: Sequence[str], relevant: Relevance, k: int = 20) -> float:
     """Share of the relevant documents that are in the top k."""
+    _check_k(k)
     rel = relevant_ids(relevant)
     if not rel:
         return 0.0

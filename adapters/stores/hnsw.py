@@ -183,10 +183,14 @@ class HnswStore(VectorStore):
 
     @property
     def parameters(self) -> dict[str, int]:
-        """The graph's ``M`` and ``ef_construction`` and the default search breadth
-        ``ef_search``, as this handle uses them: given at open, else the index's, else the
-        defaults."""
-        return {key: int(self._options[key]) for key in HNSW_DEFAULTS}
+        """The graph's ``M`` and ``ef_construction`` (as built; before a graph exists, what it
+        will be built with) and the default search breadth ``ef_search`` of this handle (given
+        at open, else the index's, else the default)."""
+        with self._mutex:
+            graph = self._index
+            built = ({"M": int(graph.M), "ef_construction": int(graph.ef_construction)} if graph is not None
+                     else {key: int(self._options[key]) for key in ("M", "ef_construction")})
+        return {**built, "ef_search": int(self._options["ef_search"])}
 
     # -- lifecycle ---------------------------------------------------------
 
