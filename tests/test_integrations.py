@@ -96,6 +96,28 @@ def test_llamaindex_round_trips_and_batches_async(tiny_model: Path, tiny_student
     assert calls == [40] and np.allclose(got, emb.get_text_embedding_batch(texts), atol=1e-6)
     assert np.allclose(asyncio.run(emb.aget_query_embedding("water")), want, atol=1e-6)
 
+    # LlamaIndex gathers every batch at once: the encodes take turns (2 cores, one model)
+    import threading
+    import time
+
+    running, most = 0, 0
+    guard = threading.Lock()
+
+    def counted(texts: list[str]) -> np.ndarray:
+        nonlocal running, most
+        with guard:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with guard:
+            running -= 1
+        return encode(texts)
+
+    emb._encoder.encode_documents = counted
+    emb.embed_batch_size = 8
+    got = asyncio.run(emb.aget_text_embedding_batch(texts))
+    assert most == 1 and np.allclose(got, emb.get_text_embedding_batch(texts), atol=1e-6)
+
 
 def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:
     qdrant_client = pytest.importorskip("qdrant_client")

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from typing import Any, Callable, TypeVar
 
 from vecplug.adapters.integrations import require
 
@@ -14,6 +15,19 @@ from pydantic import Field, PrivateAttr  # noqa: E402  (comes with llama-index-c
 #: texts per call to the document encoder (LlamaIndex's default, 10, is too few for vecplug's
 #: length-sorted batches)
 DEFAULT_BATCH_SIZE = 128
+
+_T = TypeVar("_T")
+_A = TypeVar("_A")
+
+# LlamaIndex's aget_text_embedding_batch gathers every batch at once; the model already uses
+# every core, so concurrent encodes only contend. Async calls take turns (in their worker
+# threads, so the event loop goes on); synchronous callers are left as they are.
+_ASYNC_TURN = threading.Lock()
+
+
+def _in_turn(fn: Callable[[_A], _T], arg: _A) -> _T:
+    with _ASYNC_TURN:
+        return fn(arg)
 
 
 class VecplugEmbedding(BaseEmbedding):
@@ -57,12 +71,12 @@ class VecplugEmbedding(BaseEmbedding):
         return self._encoder.encode_documents(texts).tolist()
 
     # async: the model runs in a worker thread (the event loop goes on), one batch per call
-    # (LlamaIndex's default would gather one call per text)
+    # (LlamaIndex's default would gather one call per text), one call at a time
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return await asyncio.to_thread(self._get_query_embedding, query)
+        return await asyncio.to_thread(_in_turn, self._get_query_embedding, query)
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
-        return await asyncio.to_thread(self._get_text_embedding, text)
+        return await asyncio.to_thread(_in_turn, self._get_text_embedding, text)
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self._get_text_embeddings, texts)
+        return await asyncio.to_thread(_in_turn, self._get_text_embeddings, texts)
