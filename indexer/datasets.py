@@ -394,10 +394,16 @@ def _text(value: Any) -> str:
     return str(value).strip() if value is not None else ""
 
 
-def _lang(value: Any) -> str | None:
+def _lang(value: Any, problems: list[Problem], path: Path, lineno: int) -> str | None:
+    """A record's language as the index stores codes ("pt-BR" -> "pt"); one that is not a
+    language code is reported and left out, to be detected."""
     from vecplug.types import lang_code
 
-    return lang_code(_text(value))  # as the index stores them: "pt-BR" -> "pt"
+    try:
+        return lang_code(_text(value))
+    except ValueError as exc:
+        problems.append(Problem(str(path), f"field lang: {exc}: detected instead", lineno))
+        return None
 
 
 def beir_splits(folder: str | Path) -> list[str]:
@@ -462,7 +468,7 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
         payload = {"id": did, **{k: v for k, v in obj.items() if k not in ("_id", "text", "lang")}}
         embed = "\n".join(p for p in (title, text) if p)
         documents.append(Document(id=did, text=embed, source="corpus.jsonl", position=lineno,
-                                  lang=_lang(obj.get("lang")), payload=payload))
+                                  lang=_lang(obj.get("lang"), problems, corpus_path, lineno), payload=payload))
 
     queries_path = folder / "queries.jsonl"
     all_queries: dict[str, EvalQuery] = {}
@@ -477,7 +483,7 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
         if qid in all_queries:
             problems.append(Problem(str(queries_path), f"query id {qid} appears again: skipped", lineno))
             continue
-        all_queries[qid] = EvalQuery(qid, text, _lang(obj.get("lang")))
+        all_queries[qid] = EvalQuery(qid, text, _lang(obj.get("lang"), problems, queries_path, lineno))
 
     qrels_path = folder / "qrels" / f"{split}.tsv"
     qrels: dict[str, dict[str, int]] = {}

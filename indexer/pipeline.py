@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vecplug.errors import ConfigError
 from vecplug.types import Document, Problem, lang_code
 
 
@@ -113,7 +114,10 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     from tqdm.auto import tqdm
 
     report = IndexReport()
-    lang = lang_code(lang)
+    try:
+        lang = lang_code(lang)
+    except ValueError as exc:
+        raise ConfigError(f"the documents' language: {exc}") from None
     tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
     writer = _Writer(store, encoder, make_record, report, manifest, stats, commit_every)
@@ -123,7 +127,7 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
                              batch_size):
             # language: the flag, else the record's own, else detected; codes as the detector
             # writes them, so that filters match ("pt-BR " -> "pt")
-            writer.add([_with_lang(d, lang or lang_code(d.lang) or (detect(d.text) if detect else None))
+            writer.add([_with_lang(d, lang or _own_lang(d, report.problems) or (detect(d.text) if detect else None))
                         for d in batch])
             bar.update(len(batch))
         if prune:
@@ -297,6 +301,17 @@ def stamped(manifest: dict[str, Any] | None, stats: Any) -> dict[str, Any]:
     """What a commit writes into the manifest: ``manifest``, the time, the language stats."""
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return {**(manifest or {}), "updated": now, **(stats.to_manifest() if stats is not None else {})}
+
+
+def _own_lang(doc: Document, problems: list[Problem]) -> str | None:
+    """The language a document gives, as the index keeps codes; one that is not a language
+    code ("English" would match no query's language) is reported and detected instead."""
+    try:
+        return lang_code(doc.lang)
+    except ValueError as exc:
+        problems.append(Problem(str(doc.source), f"document {doc.id!r}: field lang: {exc}: detected instead",
+                                doc.position))
+        return None
 
 
 def _with_lang(doc: Document, lang: str | None) -> Document:

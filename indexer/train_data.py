@@ -198,8 +198,14 @@ def _label(value: Any, name: str) -> float:
 
 
 def _lang(value: Any, name: str) -> str | None:
-    text = _text(value, name, required=False)
-    return text.lower() if text else None
+    """A language code as the index keeps them ("pt-BR" -> "pt", so both are one language
+    when batches are composed by language)."""
+    from vecplug.types import lang_code
+
+    try:
+        return lang_code(_text(value, name, required=False))
+    except ValueError as exc:
+        raise _Bad(f"field {name!r}: {exc}") from None
 
 
 def _group(value: Any) -> str | None:

@@ -336,13 +336,22 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             Document("de1", "Wasser kocht bei hundert Grad", "api", lang="de"),
             Document("", "no id", "api"), Document("blank", "   ", "api"),
             Document("nan", "a payload that JSON cannot carry", "api", payload={"x": float("nan")}),
-            Document("bad\u202eid", "an id that reads backwards", "api")]
+            Document("bad\u202eid", "an id that reads backwards", "api"),
+            Document("en1", "water boils at one hundred degrees", "api", position=7, lang="English")]
     with vecplug.create_index(settings=settings) as index:
         report = index.add_documents(docs)
-        assert report.documents == 3
+        assert report.documents == 4
         assert [p.reason.split(":")[0] for p in report.problems] == [
-            "document ''", "document 'blank'", "document 'nan'", "document 'bad\\u202eid'"]  # shown escaped
-        assert {r.id: r.lang for r in index.store.get(["es1", "pt1", "de1"])} == {"es1": "es", "pt1": "pt", "de1": "de"}
+            "document ''", "document 'blank'", "document 'nan'", "document 'bad\\u202eid'",  # shown escaped
+            "document 'en1'"]
+        # a language name is reported and the document kept, its language detected
+        assert report.problems[-1].line == 7 and "'English' is not a language code" in report.problems[-1].reason
+        assert {r.id: r.lang for r in index.store.get(["es1", "pt1", "de1", "en1"])} == {
+            "es1": "es", "pt1": "pt", "de1": "de", "en1": "en"}
+        with pytest.raises(vecplug.ConfigError, match="query 1's language: 'Spanish' is not a language code"):
+            index.search_batch(["agua", "agua"], langs=["es", "Spanish"])
+        with pytest.raises(vecplug.ConfigError, match="'Spanish' is not a language code"):
+            index.search("agua", langs=["Spanish"])
         assert [h.id for h in index.search("agua", mode="mono", lang="ES")] == ["es1"]
         assert [h.id for h in index.search("agua", langs=["PT_br"])] == ["pt1"]
         with pytest.raises(vecplug.VecplugError, match="k must be at least 1"):
@@ -362,7 +371,7 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
         with pytest.raises(vecplug.VecplugError, match="a list of ids"):
             index.delete_documents("es1")
         assert index.delete_documents(["es1", "nowhere", "es1"]) == 1
-        assert index.store.count() == 2 and index.language_stats.counts.get("es", 0) == 0
+        assert index.store.count() == 3 and index.language_stats.counts.get("es", 0) == 0
     report = verify_index(settings)
     assert report.ok, report.problems
 

@@ -107,6 +107,15 @@ def test_language_codes_are_normalised(tmp_path: Path) -> None:
     cfg.write_text("search: {langs: [no, da], lang: no}\n")  # YAML 1.1: an unquoted no is false
     s = load_settings(cfg, environ={})
     assert s.search.langs == ("no", "da") and s.search.lang == "no"
+    assert normalise_langs("yue,FIL,zh-Hant") == ("yue", "fil", "zh")
+    # a name is not a code: stored as "english", it would match no detected language
+    with pytest.raises(ConfigError, match="'English' is not a language code"):
+        normalise_langs("de,English")
+    with pytest.raises(ConfigError, match=r"environment: search.lang: 'German' is not a language code"):
+        load_settings(environ={"VECPLUG_SEARCH_LANG": "German"})
+    cfg.write_text("corpus: {lang: x-klingon}\n")
+    with pytest.raises(ConfigError, match=r"corpus.lang.*'x-klingon' is not a language code"):
+        load_settings(cfg, environ={})
 
 
 def test_unknown_env_variable_of_a_section_rejected() -> None:

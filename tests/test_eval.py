@@ -240,6 +240,23 @@ def test_beir_qrels_first_line_and_repeats(tmp_path: Path) -> None:
                                                            "queries.jsonl:5: query text is not a string"]
 
 
+def test_beir_language_names_are_reported_and_detected(tmp_path: Path) -> None:
+    """A language name where a code belongs ("English" would match no detected language, so
+    mono would find nothing) is reported by line; the record is kept, its language detected."""
+    folder = write_beir(tmp_path / "mini", bad_lines=False)
+    with open(folder / "corpus.jsonl", "a") as fh:
+        fh.write(json.dumps({"_id": "d6", "text": "the water is warm", "lang": "English"}) + "\n")
+    with open(folder / "queries.jsonl", "a") as fh:
+        fh.write(json.dumps({"_id": "q6", "text": "is the water warm", "lang": "Inglés"}) + "\n")
+    with open(folder / "qrels" / "test.tsv", "a") as fh:
+        fh.write("q6\td6\t1\n")
+    ds = load_beir(folder)
+    assert [(Path(p.path).name, p.line) for p in ds.problems] == [("corpus.jsonl", 6), ("queries.jsonl", 5)]
+    assert all("is not a language code" in p.reason for p in ds.problems)
+    assert {d.id: d.lang for d in ds.documents}["d6"] is None
+    assert {q.id: q.lang for q in ds.queries}["q6"] is None
+
+
 def test_limit_per_language_needs_query_languages(tmp_path: Path) -> None:
     ds = load_beir(write_beir_untagged(tmp_path / "untagged"))
     assert len(ds.queries) == 9 and ds.query_languages() == {None: 9}

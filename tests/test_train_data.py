@@ -165,6 +165,21 @@ def test_bad_jsonl_lines_reported_with_line_numbers(tmp_path: Path) -> None:
     assert "UTF-8" in reasons[11] and "boolean" in reasons[12] and "duplicate key" in reasons[13]
 
 
+def test_language_fields_are_codes(tmp_path: Path) -> None:
+    """Languages compose batches (xx/xy): "pt-BR" and "pt" are one language, and a name is not
+    a code (a line naming one is reported, not batched as a language of its own)."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"anchor": "a", "positive": "b", "anchor_lang": "pt-BR", "positive_lang": "EN"},
+        {"anchor": "c", "positive": "d", "lang": "English"},
+        {"anchor": "e", "positive": "f", "anchor_lang": "pt"},
+    ]) + "\n")
+    examples, problems = load(path, "pairs")
+    assert [(e.anchor_lang, e.positive_lang) for e in examples] == [("pt", "en"), ("pt", None)]
+    assert [(p.line, p.reason) for p in problems] == [
+        (2, "field 'lang': 'English' is not a language code (ISO 639, two or three letters: en, de, pt-BR, yue)")]
+
+
 def test_bad_csv_rows(tmp_path: Path) -> None:
     path = tmp_path / "bad.csv"
     path.write_bytes(b"anchor,positive\n"

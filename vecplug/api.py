@@ -75,6 +75,14 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
 RELOCATION_SAMPLE = 16
 
 
+def _query_lang(value: str | None, i: int, count: int) -> str | None:
+    """A query's given language as the index keeps codes; refused with its query named."""
+    try:
+        return lang_code(value)
+    except ValueError as exc:
+        raise ConfigError(f"the query's language: {exc}" if count == 1 else f"query {i}'s language: {exc}") from None
+
+
 def _blank(text: str) -> bool:
     """Nothing to search for: only white space and invisible format characters (bidi marks
     such as U+200F, zero-width joiners), which a copied right-to-left query may carry."""
@@ -407,6 +415,8 @@ class Index:
         if langs is not None and len(langs) != len(queries):
             raise VecplugError(f"langs gives {len(langs)} languages for {len(queries)} queries: one per "
                                "query (None: detected); target_langs limits the answers' languages")
+        given = [_query_lang(v, i, len(queries)) for i, v in
+                 enumerate(langs if langs is not None else [None] * len(queries))]
         other = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
         if other is not None:
             raise VecplugError(f"query {other} must be a string, not {type(queries[other]).__name__}")
@@ -442,8 +452,7 @@ class Index:
                                     lambda qv, cands, ql: exact_scores(self.store, means, qv, ql, cands))
             reranker.warm_up(context)  # models load before the clock starts
         t0 = time.perf_counter()
-        given = list(langs) if langs is not None else [None] * len(queries)
-        qlangs = [lang_code(given[i]) or s.lang or detector.detect(q) for i, q in enumerate(queries)]
+        qlangs = [given[i] or s.lang or detector.detect(q) for i, q in enumerate(queries)]
         vectors = encoder.encode_queries(list(queries), progress=progress)
         bad = ~(np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6))
         if bad.any():

@@ -40,8 +40,12 @@ def normalise_langs(value: str | Iterable[Any] | None) -> tuple[str, ...]:
     if value is None:
         return ()
     items = value.split(",") if isinstance(value, str) else value
+    try:
+        codes = [lang_code(str(v)) for v in items]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     # a repeat would pool (and score) a language twice
-    return tuple(dict.fromkeys(code for code in (lang_code(str(v)) for v in items) if code))
+    return tuple(dict.fromkeys(code for code in codes if code))
 
 
 @dataclass(frozen=True)
@@ -241,12 +245,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _lang_codes(value: Any) -> Any:
+def _lang_codes(value: Any, where: str) -> Any:
     """A language code setting normalised: a tuple as :func:`normalise_langs`, one code the
     same way (blank: None)."""
-    if isinstance(value, tuple):
-        return normalise_langs(value)
-    codes = normalise_langs(None if value is None else [value])
+    try:
+        if isinstance(value, tuple):
+            return normalise_langs(value)
+        codes = normalise_langs(None if value is None else [value])
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return codes[0] if codes else None
 
 
@@ -283,7 +290,7 @@ def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
     for k, v in values.items():
         if fields[k].metadata.get("lang_codes"):
             # every source (flag, env, YAML) gives codes the way the index stores them: " FR" -> "fr"
-            changes[k] = _lang_codes(_coerce(_norwegian(v), hints[k], f"{where}.{k}"))
+            changes[k] = _lang_codes(_coerce(_norwegian(v), hints[k], f"{where}.{k}"), f"{where}.{k}")
         else:
             changes[k] = _coerce(v, hints[k], f"{where}.{k}")
     return dataclasses.replace(base, **changes)

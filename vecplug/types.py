@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +24,23 @@ PAYLOAD_INT_RANGE = (-2**63, 2**63 - 1)
 HNSW_DEFAULTS: dict[str, int] = {"M": 16, "ef_construction": 200, "ef_search": 128}
 
 
+#: an ISO 639 code (1, 2 or 3: two or three letters), what the language detector writes
+_LANG_CODE = re.compile(r"[a-z]{2,3}")
+
+
 def lang_code(code: str | None) -> str | None:
     """A language code as the language detector writes it: ``" pt-BR"`` -> ``"pt"``,
     ``"ru_RU"`` -> ``"ru"``, blank -> None. Documents are tagged and filtered by these codes,
-    so a region or script subtag, a capital or a space would match nothing."""
+    so a region or script subtag, a capital or a space would match nothing.
+
+    Raises ValueError for what is not an ISO 639 code (``"English"``): stored as given, it
+    would match no detected language, and a mono search would find nothing."""
     if code is None:
         return None
     primary = str(code).strip().replace("_", "-").split("-")[0].lower()
+    if primary and not _LANG_CODE.fullmatch(primary):
+        raise ValueError(f"{str(code).strip()!r} is not a language code "
+                         "(ISO 639, two or three letters: en, de, pt-BR, yue)")
     return primary or None
 
 
