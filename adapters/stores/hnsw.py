@@ -154,6 +154,10 @@ def _file_stats(folder: Path, names: Sequence[str]) -> dict[str, list[int] | Non
             out[name] = [st.st_size, st.st_mtime_ns, st.st_ino]
         except FileNotFoundError:
             out[name] = None
+        # SQLite makes an empty write-ahead log at every open (a reader cannot remove it), so
+        # a stamp taken when there was none would never match again: empty is as good as none
+        if name.endswith("-wal") and out[name] is not None and out[name][0] == 0:  # type: ignore[index]
+            out[name] = None
     return out
 
 
