@@ -122,7 +122,12 @@ _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
 _NON_SPACE = re.compile(r"\S")
 # linear: [ \t]+ can only give back blanks, which \S refuses (the former ``(.+?)\s*#*\s*$``
 # took minutes on a heading line with a few thousand spaces)
-_HEADING = re.compile(r"^#[ \t]+(\S[^\n]*)", re.M)
+_HEADING = re.compile(r"#[ \t]+(\S.*)")
+# a fenced code block's first line (CommonMark: up to 3 spaces, then ``` or ~~~); a "# ..."
+# line inside one is a shell or Python comment, not a heading
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+# a front matter's title (Jekyll, Hugo, MkDocs): ``title: "..."``
+_FRONT_TITLE = re.compile(r"title:[ \t]*(\S.*)")
 
 
 @dataclass
@@ -749,19 +754,60 @@ def _csv_field_limit(limit: int) -> Iterator[None]:
 
 
 def markdown_title(text: str) -> str | None:
-    """The first ``# heading`` of a Markdown text, without a closing ``#`` sequence.
+    """A Markdown text's title: its front matter's ``title:``, else its first ``# heading``
+    outside fenced code blocks (where ``# ...`` is a comment), without a closing ``#`` sequence.
 
     A heading over MAX_TITLE_CHARS is not a title: it is prepended to every passage, and a
     huge one-line "heading" would multiply the memory of a file.
     """
-    m = _HEADING.search(text)
-    if not m or m.end(1) - m.start(1) > MAX_TITLE_CHARS + 64:
-        return None
-    title = m.group(1).rstrip()
-    bare = title.rstrip("#")
-    if bare != title and bare[-1:] in (" ", "\t"):  # "# Title ##"; but "# C#" stays
-        title = bare.rstrip()
-    return title if 0 < len(title) <= MAX_TITLE_CHARS else None
+    lines_ = _lines_of(text)
+    if next(lines_, "").rstrip() == "---":  # YAML front matter, up to --- or ...
+        front = ""
+        for line in lines_:
+            if line.rstrip() in ("---", "..."):
+                break
+            m = _FRONT_TITLE.fullmatch(line.rstrip())
+            if m and not front:
+                front = m.group(1).strip().strip("\"'").strip()
+        else:  # never closed: not front matter
+            lines_ = _lines_of(text)
+        if front:
+            return front if len(front) <= MAX_TITLE_CHARS else None
+    else:
+        lines_ = _lines_of(text)
+    fence = ""
+    for line in lines_:
+        m = _FENCE.match(line)
+        if m:
+            mark = m.group(1)
+            if not fence:
+                fence = mark
+            elif mark[0] == fence[0] and len(mark) >= len(fence) and not line.strip().strip(mark[0]):
+                fence = ""
+            continue
+        if fence or not line.startswith("#"):
+            continue
+        m = _HEADING.match(line)
+        if not m:
+            continue
+        if m.end(1) - m.start(1) > MAX_TITLE_CHARS + 64:
+            return None
+        title = m.group(1).rstrip()
+        bare = title.rstrip("#")
+        if bare != title and bare[-1:] in (" ", "\t"):  # "# Title ##"; but "# C#" stays
+            title = bare.rstrip()
+        return title if 0 < len(title) <= MAX_TITLE_CHARS else None
+    return None
+
+
+def _lines_of(text: str) -> Iterator[str]:
+    """The lines of ``text`` one at a time (a title is usually near the top of a large file)."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        yield text[start:end].rstrip("\r")
+        start = end + 1
 
 
 def token_spans(text: str, offsets: Offsets, block: int | None = None) -> Iterator[tuple[int, int]]:

@@ -36,6 +36,20 @@ def test_chunking_prefers_sentence_ends() -> None:
     assert all(p.endswith(".") for p in parts)
 
 
+def test_markdown_titles() -> None:
+    """A Markdown title is the front matter's title, else the first level-1 heading outside
+    code blocks: a "# comment" in a fenced shell block (or in front matter) titled every passage."""
+    from vecplug.indexer.corpus import markdown_title
+
+    assert markdown_title("## Install\n\n```bash\n# install the dependencies\n```\n") is None
+    assert markdown_title("````\n# a\n```\n# b\n````\n# Real title ##\n") == "Real title"
+    assert markdown_title("~~~~\n# a\n~~~\n# still code\n~~~~\n# C#\n") == "C#"
+    assert markdown_title("---\n# generated, do not edit\n---\n# Doc\n") == "Doc"
+    assert markdown_title("---\r\nlayout: post\r\ntitle: 'My Page'\r\n---\r\n# Other\r\n") == "My Page"
+    assert markdown_title("---\nnot closed\n# Heading\n") == "Heading"  # a rule, not front matter
+    assert markdown_title("text\n#no space\n#  Spaced  \n") == "Spaced"
+
+
 def test_formats_fields_and_ids(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# Title A\n\nSome body text here.\n")
     (tmp_path / "b.txt").write_text("plain text file\n")
