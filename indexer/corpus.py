@@ -382,6 +382,7 @@ class CorpusReader:
                 self._report(rel, _bad_text_reason(bad.group()), line)
                 continue
             if header is None:
+                row = self._csv_header(row)
                 twice = _first_duplicate(row)
                 if twice is not None:
                     # a dict keeps the last one: the other column would be lost silently
@@ -397,6 +398,16 @@ class CorpusReader:
             doc = self._record(rel, line, {k: v for k, v in zip(header, row) if v != ""})
             if doc is not None:
                 yield doc
+
+    def _csv_header(self, row: list[str]) -> list[str]:
+        """Column names as the record fields are named: spreadsheets write ``Title`` and
+        ``id, text`` (spaces), which matched no field, so the text went to the payload unembedded.
+        A name is stripped, and lower-cased where that makes it a field no other column names."""
+        known = {"id", "lang", "url", *self.options.embed_fields}
+        names = [name.strip() for name in row]
+        taken = set(names)
+        return [name.lower() if name not in known and name.lower() in known - taken else name
+                for name in names]
 
     def _record(self, rel: str, line: int, obj: dict[str, Any]) -> Document | None:
         fields = {k: v for k, v in obj.items() if v is not None}

@@ -50,6 +50,23 @@ def test_markdown_titles() -> None:
     assert markdown_title("text\n#no space\n#  Spaced  \n") == "Spaced"
 
 
+def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:
+    """Spreadsheet headers (" text", "Title", "URL") name the fields: the text went to the payload,
+    unembedded and unreported. A column that only differs by case from another keeps its name."""
+    (tmp_path / "a.csv").write_text("id,title, text\n1,Everest,The highest mountain\n")
+    (tmp_path / "b.csv").write_text("ID,Title,Text,URL,Notes\n2,K2,Second highest,http://k,n\n")
+    (tmp_path / "c.csv").write_text("id,title,Title\n3,lower,Upper\n")
+    (tmp_path / "d.csv").write_text("id,text ,text\n4,a,b\n")
+    docs, problems = read(tmp_path)
+    by_id = {d.id: d for d in docs}
+    assert by_id["a.csv#1"].text == "Everest\nThe highest mountain"
+    assert by_id["b.csv#2"].text == "K2\nSecond highest"
+    assert by_id["b.csv#2"].payload == {"id": "2", "title": "K2", "url": "http://k", "Notes": "n"}
+    assert by_id["c.csv#3"].text == "lower" and by_id["c.csv#3"].payload["Title"] == "Upper"
+    assert [(p.path, p.reason) for p in problems] == [
+        ("d.csv", "column 'text' appears twice in the header: file skipped")]
+
+
 def test_formats_fields_and_ids(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# Title A\n\nSome body text here.\n")
     (tmp_path / "b.txt").write_text("plain text file\n")
