@@ -6,6 +6,7 @@ document encoder and is where a distilled student goes.
 """
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -94,6 +95,9 @@ def shared_tokenizer(folder: Path, checksum: str) -> SharedTokenizer:
         return held
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def text_list(texts: Iterable[str]) -> list[str]:
     """``texts`` as a list; one string is refused (a str is a sequence of str: each character
     would be embedded as a text of its own)."""
@@ -103,6 +107,10 @@ def text_list(texts: Iterable[str]) -> list[str]:
     other = next((i for i, t in enumerate(out) if not isinstance(t, str)), None)
     if other is not None:
         raise TypeError(f"texts[{other}] is {type(out[other]).__name__}, not a string")
+    # the tokenizer fails on a lone surrogate (an undecodable byte) with an opaque TypeError
+    bad = next((i for i, t in enumerate(out) if _SURROGATE.search(t)), None)
+    if bad is not None:
+        raise ValueError(f"texts[{bad}] holds an undecodable byte (a lone surrogate): not UTF-8?")
     return out
 
 

@@ -368,6 +368,13 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             index.search(None)  # type: ignore[arg-type]
         with pytest.raises(vecplug.VecplugError, match="empty"):
             index.search("\u200f\u200e \u200b")  # only bidi marks and a zero-width space
+        # an undecodable byte of a shell argument: fastText and the tokenizer raised TypeError
+        with pytest.raises(vecplug.VecplugError, match="the query holds a NUL or an undecodable byte"):
+            index.search("water \udcff")
+        with pytest.raises(vecplug.VecplugError, match="query 1 holds a NUL or an undecodable byte"):
+            index.search_batch(["water", "water \udcff"], langs=["en", "en"])
+        with pytest.raises(ValueError, match=r"texts\[1\] holds an undecodable byte"):
+            index.encoder.encode_queries(["water", "water \udcff"])
         with pytest.raises(vecplug.VecplugError, match="a list of ids"):
             index.delete_documents("es1")
         assert index.delete_documents(["es1", "nowhere", "es1"]) == 1

@@ -87,6 +87,9 @@ def test_search_settings_for_modes_and_reranking() -> None:
     assert load_settings(environ={"VECPLUG_MODEL_QUERY_QUANTIZE": "none"}).model.query_quantize in (None, "none")
     with pytest.raises(ConfigError, match="rerank_depth"):
         load_settings(overrides={"search": {"rerank_depth": 0}})
+    for boost in ("nan", "inf"):  # NaN scores cannot be sorted; inf ties every same-language answer
+        with pytest.raises(ConfigError, match="search.prefer_boost must be a finite number"):
+            load_settings(environ={"VECPLUG_SEARCH_PREFER_BOOST": boost})
 
 
 def test_language_codes_are_normalised(tmp_path: Path) -> None:

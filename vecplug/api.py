@@ -91,6 +91,14 @@ def _blank(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
+def _undecodable(text: str) -> bool:
+    """A NUL or a lone surrogate (an undecodable byte of a shell argument): the language
+    detector and the tokenizer fail on them with a TypeError."""
+    from vecplug.indexer.corpus import _BAD_TEXT
+
+    return _BAD_TEXT.search(text) is not None
+
+
 def _store_in_folder(folder: str) -> str | None:
     """The built-in store whose index is in ``folder``, if any (none of them needs its
     engine to tell)."""
@@ -388,6 +396,8 @@ class Index:
             raise VecplugError(f"the query must be a string, not {type(query).__name__}")
         if _blank(query):
             raise VecplugError("the query is empty")
+        if _undecodable(query):
+            raise VecplugError("the query holds a NUL or an undecodable byte (not UTF-8?)")
         return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
                                  rerank=rerank, rerank_depth=rerank_depth, debias=debias, ef=ef)[0]
 
@@ -423,6 +433,9 @@ class Index:
         empty = next((i for i, q in enumerate(queries) if _blank(q)), None)
         if empty is not None:
             raise VecplugError(f"query {empty} is empty")
+        bad = next((i for i, q in enumerate(queries) if _undecodable(q)), None)
+        if bad is not None:
+            raise VecplugError(f"query {bad} holds a NUL or an undecodable byte (not UTF-8?)")
         mode = mode or s.mode
         if mode not in modes.MODES:
             raise VecplugError(f"unknown mode '{mode}'; modes: {', '.join(modes.MODES)}")

@@ -16,6 +16,7 @@ Language codes (``corpus.lang``, ``search.lang``, ``search.langs``) are stripped
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -181,6 +182,9 @@ class Settings:
                               f"not '{self.model.document_quantize}'")
         if self.model.runtime not in (None, *RUNTIMES):
             raise ConfigError(f"model.runtime must be one of {', '.join(RUNTIMES)}, not '{self.model.runtime}'")
+        # NaN would leave the scores unsortable; inf would tie every same-language answer
+        if not math.isfinite(self.search.prefer_boost):
+            raise ConfigError(f"search.prefer_boost must be a finite number, not {self.search.prefer_boost}")
         if not 0 <= self.corpus.chunk_overlap < self.corpus.chunk_tokens:
             raise ConfigError("corpus.chunk_overlap must be >= 0 and smaller than corpus.chunk_tokens")
         return self
