@@ -152,7 +152,9 @@ class TextEncoder:
                         str(info.path), trust_remote_code=False, add_pooling_layer=False)
                 except TypeError:  # architectures without a pooler do not take the flag
                     self.model = AutoModel.from_pretrained(str(info.path), trust_remote_code=False)
-        self.model.eval()
+        # transformers keeps a checkpoint's stored dtype: fp16 runs 2x slower on a CPU than
+        # fp32, and ONNX export and int8 quantisation fail on it
+        self.model = self.model.float().eval()
         #: the most tokens a text is cut at whatever length a caller asks for (the Encoder
         #: refuses settings above it; internal callers, e.g. calibration, are capped)
         self.model_max_length = max_tokens(info)

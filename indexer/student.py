@@ -197,7 +197,7 @@ def load_teacher_embeddings(teacher_path: Path) -> Any:
             with safe_open(str(f), framework="pt") as fh:
                 for key in fh.keys():
                     if key == SHARED_KEY or key.endswith("." + SHARED_KEY):
-                        return fh.get_tensor(key)
+                        return fh.get_tensor(key).to(torch.float32)  # fp16 checkpoints too
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(str(teacher_path), trust_remote_code=False)
@@ -245,8 +245,7 @@ def load_student(folder: Path, teacher_path: Path, teacher_checksum: str,
         raise ModelError(f"{folder}: weights do not fit the config (missing {missing}, unexpected {unexpected})")
     small.weight = torch.nn.Parameter(table, requires_grad=False)
     small.num_embeddings = vocab
-    model.eval()
-    return model
+    return model.float().eval()  # a student of an fp16 teacher: float32, as the teacher loads
 
 
 def make_head(mean: Any, components: Any) -> Any:

@@ -62,6 +62,7 @@ class TrainableModel:
                                          trust_remote_code=False, add_pooling_layer=False)
             except TypeError:  # architectures without a pooler do not take the flag
                 self.model = _quiet_load(AutoModel.from_pretrained, str(info.path), trust_remote_code=False)
+        self.model = self.model.float()  # an fp16 checkpoint: CPU training runs in float32
         self.layers = keep_layers(self.model, layers) if layers else None
         if freeze_word_embeddings:
             self.model.get_input_embeddings().weight.requires_grad_(False)
