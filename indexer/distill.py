@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.errors import ConfigError, ModelMismatchError, VecplugError
+from vecplug.errors import ConfigError, ModelError, ModelMismatchError, VecplugError
 from vecplug.types import Problem
 
 WORK = ".distill-work"
@@ -72,6 +72,24 @@ class DistillConfig:
     #: layers: train it on, or (with ``ffn_width``) narrow a trained student and train it on;
     #: ``layers`` must be its layer count
     init: str | None = None
+
+    def __post_init__(self) -> None:
+        # refused before any work: a batch of 0 divided by zero after the teacher's targets were
+        # encoded, 0 epochs saved an untrained student as a success, dim 0 meant "no --dim"
+        for name in ("layers", "epochs", "batch_size", "max_length", "max_texts", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("dim", "ffn_width"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"learning_rate must be a positive number, not {self.learning_rate}")
+        for name in ("warmup", "centered_weight", "contrastive_weight", "contrastive_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, not {value}")
+        if self.warmup >= 1:
+            raise ConfigError(f"warmup is a fraction of the steps (below 1), not {self.warmup}")
 
 
 @dataclass
@@ -197,7 +215,11 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         raise ConfigError(f"stop_after must be at least 1, got {stop_after}")
     started = time.perf_counter()
     torch.manual_seed(config.seed)
-    teacher = TextEncoder(resolve_model(config.teacher))
+    teacher_info = resolve_model(config.teacher)
+    if teacher_info.teacher is not None:  # before hours of training: its student could not load
+        raise ModelError(f"{config.teacher} is a query student of {teacher_info.teacher.spec} (it has no "
+                         f"vocabulary table of its own): distil from {teacher_info.teacher.spec}")
+    teacher = TextEncoder(teacher_info)
     full = int(getattr(teacher.model.config, "intermediate_size", 0))
     if config.ffn_width is not None and not 1 <= config.ffn_width <= full:  # before any work
         raise VecplugError(f"--ffn-width must be between 1 and the teacher's {full}, not {config.ffn_width}")

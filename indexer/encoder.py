@@ -570,6 +570,20 @@ def _hidden_size(info: ModelInfo) -> int:
     return int(size)
 
 
+#: architectures whose positions start after the padding id (fairseq's convention): a table of
+#: 514 positions takes 512 tokens when the padding id is 1
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text")
+
+
+def position_limit(config: Mapping[str, Any]) -> int:
+    """The most tokens a model's position table takes, from its config (a dict): its size (512
+    if none is named), less the padding offset of RoBERTa-style models (XLM-R)."""
+    limit = int(config.get("max_position_embeddings") or 512)
+    if config.get("model_type") in _OFFSET_POSITIONS:
+        limit -= int(config.get("pad_token_id") or 0) + 1
+    return limit
+
+
 def max_tokens(info: ModelInfo) -> int:
     """The most tokens ``info``'s model takes, from its JSON files (no weights loaded): its
     position table's size (512 if its config.json names none), or its tokenizer's
@@ -578,7 +592,7 @@ def max_tokens(info: ModelInfo) -> int:
     import json
 
     config = json.loads((info.path / "config.json").read_text())
-    limit = int(config.get("max_position_embeddings") or 512)
+    limit = position_limit(config)
     tok_config = info.tokenizer_path / "tokenizer_config.json"
     if tok_config.is_file():
         tok_limit = json.loads(tok_config.read_text()).get("model_max_length")

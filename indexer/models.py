@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vecplug.errors import MissingDependencyError, ModelError
+from vecplug.errors import MissingDependencyError, ModelError, ModelMismatchError
 from vecplug.fsutil import atomic_write_json, fsync_path, replace_folder
 
 
@@ -188,7 +188,11 @@ def build_builtin(name: str, force: bool = False) -> Path:
 def _listed_checksum(folder: Path) -> str:
     """The checksum of a listed folder's weights, from the files (cached; a record that
     disagrees warns), or "" when it has none."""
+    from vecplug.indexer.student import STUDENT_WEIGHTS, is_student_folder
+
     try:
+        if is_student_folder(folder):  # its layers: the checksum resolve_model and manifests give
+            return weights_checksums([folder / STUDENT_WEIGHTS])[0]
         return folder_checksum(folder)
     except (ModelError, OSError):
         return ""
@@ -328,6 +332,11 @@ def _resolve_student(spec: str, folder: Path, build: bool, builtin: bool = False
 
     meta = read_student_meta(folder)
     teacher = resolve_model(str(meta["teacher"]), build=build)
+    if meta.get("teacher_checksum") != teacher.checksum:
+        # found now, not at the first search of an index that already recorded this student
+        raise ModelMismatchError(
+            f"student {folder} was distilled from {meta.get('teacher')} "
+            f"({meta.get('teacher_checksum')}), but the teacher found is {teacher.path} ({teacher.checksum})")
     # like a model folder's: from the weights, not from what student.json says they were
     checksum = _checked(meta.get("weights_sha256"), weights_checksums([folder / STUDENT_WEIGHTS])[0],
                         folder / "student.json")
@@ -378,6 +387,10 @@ def resolve_model(spec: str, build: bool = True) -> ModelInfo:
         folder = path.resolve()
         q, d = _default_prefixes(folder.name, folder)
         return ModelInfo(str(folder), folder, folder_checksum(folder), q, d)
+    if spec and "/" not in spec and spec not in (".", "..") and (models_dir() / spec).is_dir():
+        # a folder that `vecplug models list` shows by its name: a student distilled to the
+        # default --out, a model trained into the cache
+        return resolve_model(str(models_dir() / spec), build)
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         folder = _download(spec)  # a snapshot folder named by commit: the repository names the model
         q, d = _default_prefixes(spec.partition("@")[0].split("/")[-1], folder)

@@ -66,7 +66,9 @@ class TrainableModel:
         self.layers = keep_layers(self.model, layers) if layers else None
         if freeze_word_embeddings:
             self.model.get_input_embeddings().weight.requires_grad_(False)
-        self.max_length = min(max_length, int(getattr(self.model.config, "max_position_embeddings", 512)))
+        from vecplug.indexer.encoder import position_limit
+
+        self.max_length = min(max_length, position_limit(self.model.config.to_dict()))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def prefix(self, which: str) -> str:

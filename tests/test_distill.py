@@ -321,3 +321,21 @@ def _teacher_weight(teacher: Path, meta: dict, key: str) -> "object":
     model = AutoModel.from_pretrained(str(teacher))
     src = key.replace("encoder.layer.0.", f"encoder.layer.{meta['layers'][0]}.")
     return model.state_dict()[src]
+
+
+def test_distill_settings_are_checked_before_any_work(tiny_student: Path, tmp_path: Path) -> None:
+    """A batch of 0 divided by zero after the teacher's targets were encoded, 0 epochs saved an
+    untrained student as a success, --dim 0 was taken for "no --dim"; a student as teacher
+    trained to the end and wrote a student nothing could load."""
+    from vecplug.errors import ConfigError, ModelError
+
+    for bad in ({"batch_size": 0}, {"epochs": 0}, {"learning_rate": -1.0}, {"dim": 0},
+                {"max_texts": 0}, {"layers": 0}, {"learning_rate": float("nan")}, {"warmup": 1.0}):
+        with pytest.raises(ConfigError):
+            DistillConfig(**bad)  # type: ignore[arg-type]
+    texts = tmp_path / "t.txt"
+    texts.write_text("water\nfire\n")
+    with pytest.raises(ModelError, match="is a query student of .*: distil from"):
+        distill(DistillConfig(teacher=str(tiny_student), layers=1, texts=(str(texts),)), tmp_path / "s2",
+                progress=False)
+    assert not (tmp_path / "s2").exists()

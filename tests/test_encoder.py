@@ -108,6 +108,29 @@ def test_a_half_precision_checkpoint_runs_in_float32(tiny_model: Path, tmp_path:
     assert (enc.encode_queries(TEXTS) * want).sum(1).min() > 0.9
 
 
+def test_roberta_style_positions_start_after_the_padding_id(tiny_model: Path, tmp_path: Path) -> None:
+    """An XLM-R-style folder whose tokenizer names no model_max_length: its position table holds
+    pad_token_id + 1 fewer tokens (a long text crashed: "index 130 is out of bounds")."""
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    from vecplug.indexer.encoder import position_limit
+
+    assert position_limit({"model_type": "xlm-roberta", "max_position_embeddings": 514, "pad_token_id": 1}) == 512
+    assert position_limit({"model_type": "bert", "max_position_embeddings": 512, "pad_token_id": 0}) == 512
+    folder = tmp_path / "xlmr"
+    shutil.copytree(tiny_model, folder)
+    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    del tok["model_max_length"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok))
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    config = XLMRobertaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64, max_position_embeddings=130, pad_token_id=0)
+    XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(str(folder))
+    enc = Encoder.from_specs(str(folder))
+    assert enc.document_max_length == 129
+    assert enc.encode_documents(["water " * 400]).shape == (1, 32)
+
+
 def test_token_ids_are_the_wrappers(tiny_model: Path) -> None:
     """``SharedTokenizer.ids`` calls the Rust backend directly; its ids are the Hugging Face
     wrapper's, cut at each limit on the tokenizer's truncation side, and the wrapper's own

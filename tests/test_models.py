@@ -59,3 +59,31 @@ def test_models_are_listed_with_the_checksum_of_their_weights_as_they_are(tiny_m
     assert rows["mine"]["checksum"] == weights_sha256(folder / "model.safetensors")
     assert any("changed since" in str(w.message) for w in caught)
     assert rows["me5-small"]["checksum"] == ""  # not built here
+
+
+def test_students_in_the_cache_are_listed_and_resolved_by_name(tiny_student: Path) -> None:
+    """A student distilled to the default --out ($VECPLUG_HOME/models/NAME) is listed, resolved by
+    that name, and listed with the checksum its index manifests record (its layers only)."""
+    import shutil
+
+    from vecplug.indexer.models import list_models, models_dir, resolve_model
+
+    folder = models_dir() / "tiny-student-k1"
+    shutil.copytree(tiny_student, folder)
+    (folder / "int8-peaks.safetensors").write_bytes((tiny_student / "student.safetensors").read_bytes())
+    info = resolve_model("tiny-student-k1")
+    assert info.path == folder.resolve() and info.teacher is not None
+    rows = {r["name"]: r for r in list_models()}
+    assert rows["tiny-student-k1"]["checksum"] == info.checksum
+
+
+def test_a_student_of_another_teacher_is_refused_when_named(tiny_student: Path) -> None:
+    """A student whose recorded teacher checksum is not its teacher's is refused at once (an
+    index made with it recorded it, and failed at every search)."""
+    from vecplug.errors import ModelMismatchError
+    from vecplug.indexer.models import resolve_model
+
+    meta = json.loads((tiny_student / "student.json").read_text())
+    (tiny_student / "student.json").write_text(json.dumps({**meta, "teacher_checksum": "0" * 16}))
+    with pytest.raises(ModelMismatchError, match=r"distilled from .*\(0000000000000000\), but the teacher found"):
+        resolve_model(str(tiny_student))

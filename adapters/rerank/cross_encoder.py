@@ -68,6 +68,8 @@ class CrossEncoderReranker(Reranker):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from vecplug.indexer.encoder import position_limit
+
         if self.threads:
             torch.set_num_threads(self.threads)
         # the load report and progress bars are noise here: what matters is checked below
@@ -90,7 +92,7 @@ class CrossEncoderReranker(Reranker):
             raise ModelError(f"cross-encoder {self.spec} has {num_labels} labels; a relevance "
                              "score is defined for 1 (the logit) or 2 (logit[1] - logit[0])")
         model = model.float().eval()  # an fp16 checkpoint: 2x slower on a CPU
-        limits = [self.max_length, int(getattr(model.config, "max_position_embeddings", 512) or 512)]
+        limits = [self.max_length, position_limit(model.config.to_dict())]
         if 0 < int(getattr(tokenizer, "model_max_length", 0) or 0) < 1_000_000:  # unset: a huge int
             limits.append(int(tokenizer.model_max_length))
         self._limit = min(limits)
