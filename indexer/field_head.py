@@ -67,7 +67,7 @@ class FieldExample:
 
 # -- reading examples ---------------------------------------------------------------------------
 
-def _field_names(fields: Sequence[str] | str) -> tuple[str, ...]:
+def field_names(fields: Sequence[str] | str) -> tuple[str, ...]:
     if isinstance(fields, str):
         fields = fields.split(",")  # "title,text" from a flag, as the reranker accepts
     names = tuple(dict.fromkeys(f.strip() for f in fields if f and f.strip()))
@@ -197,7 +197,7 @@ def load_field_examples(path: str | Path, *, fields: Sequence[str] = DEFAULT_FIE
     is missing, of another format, or yields no usable example.
     """
     p = Path(path).expanduser()
-    names = _field_names(fields)
+    names = field_names(fields)
     if not p.is_file():
         raise ConfigError(f"field examples file {p} does not exist")
     suffix = p.suffix.lower()

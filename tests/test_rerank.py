@@ -143,11 +143,13 @@ def trained_ce(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def hits(texts: Sequence[str], scores: Sequence[float] | None = None,
-         payloads: Sequence[dict[str, Any]] | None = None) -> list[StoreHit]:
+         payloads: Sequence[dict[str, Any]] | None = None,
+         langs: Sequence[str] | None = None) -> list[StoreHit]:
     scores = scores if scores is not None else [1.0 - 0.1 * i for i in range(len(texts))]
     payloads = payloads or [{} for _ in texts]
-    return [StoreHit(Record(f"d{i}", t, "src", i, "en", dict(p)), s)
-            for i, (t, s, p) in enumerate(zip(texts, scores, payloads))]
+    langs = langs or ["en"] * len(texts)
+    return [StoreHit(Record(f"d{i}", t, "src", i, lang, dict(p)), s)
+            for i, (t, s, p, lang) in enumerate(zip(texts, scores, payloads, langs))]
 
 
 def no_context() -> RerankContext:
@@ -476,6 +478,51 @@ def test_field_reranker_loads_a_trained_head(tmp_path: Path) -> None:
     pickle.write_bytes(b"\x80\x04not safetensors")
     with pytest.raises(ModelError, match="safetensors"):
         FieldAttentionReranker(head=str(pickle))
+
+
+def test_field_reranker_scores_in_the_corrected_geometry() -> None:
+    """With the language-bias correction on (the default), the query and the field vectors are
+    centred by their languages' means, as the first stage scored them: raw cosines ranked a
+    document of the query's language first only for sharing its language."""
+    from vecplug.adapters.bias import LanguageMeans
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker, field_attention
+
+    # dimensions: topic a, topic b, language (en +, de -)
+    enc = DictEncoder({"en body": [0.2, 0.5, 1.0], "de body": [0.9, 0.1, -1.0]})
+    cands = hits(["en body", "de body"], langs=["en", "de"])
+    means = LanguageMeans({"en": np.array([0, 0, 1], np.float32), "de": np.array([0, 0, -1], np.float32)},
+                          np.zeros(3, np.float32))
+    q = Query("topic a", "en", (np.array([1.0, 0.0, 1.0]) / 2 ** 0.5).astype(np.float32))
+    reranker = FieldAttentionReranker()
+    raw = reranker.rerank([q], [cands], RerankContext(enc, None, lambda *a: np.zeros(0)))[0]
+    assert [h.record.id for h in raw] == ["d0", "d1"]  # the shared language wins
+    got = reranker.rerank([q], [cands], RerankContext(enc, None, lambda *a: np.zeros(0), means))[0]
+    assert [h.record.id for h in got] == ["d1", "d0"]  # the topic wins
+    want = field_attention(means.centre_query(q.vector, "en"), means.centre(enc.table["de body"][None], ["de"]))
+    assert got[0].score == pytest.approx(want.score, abs=1e-6)
+
+
+def test_field_reranker_takes_a_heads_training_settings(tmp_path: Path) -> None:
+    """A head records the fields and scale it was trained with, and its document encoder: the
+    reranker ran with scale 20 and the default fields whatever the head was trained with, and
+    took a head of another encoder of the same dimension."""
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+    from vecplug.indexer.field_head import save_head
+
+    head = tmp_path / "head.safetensors"
+    save_head(head, np.eye(2, dtype=np.float32), {"config": {"scale": 5.0}, "fields": ["title", "text"],
+                                                  "encoder": {"document_encoder_checksum": "abc"}})
+    reranker = get_reranker(f"fields:{head}")
+    assert (reranker.fields, reranker.scale) == (("title", "text"), 5.0)
+    assert FieldAttentionReranker(head=str(head), scale=8.0, fields="text").scale == 8.0  # given: kept
+
+    class Described(DictEncoder):
+        def describe(self) -> dict[str, Any]:
+            return {"document_encoder": "other-model", "document_encoder_checksum": "def"}
+
+    q = Query("fox", "en", np.array([1.0, 0.0], np.float32))
+    with pytest.raises(ModelMismatchError, match=r"trained over the document encoder abc, .*other-model \(def\)"):
+        reranker.rerank([q], [_field_hits()], RerankContext(Described(TABLE), None, lambda *a: np.zeros(0)))
 
 
 def test_field_reranker_encodes_each_field_text_once() -> None:

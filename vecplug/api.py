@@ -462,7 +462,8 @@ class Index:
             from vecplug.adapters.rerank import Query, RerankContext
 
             context = RerankContext(encoder, self.store,
-                                    lambda qv, cands, ql: exact_scores(self.store, means, qv, ql, cands))
+                                    lambda qv, cands, ql: exact_scores(self.store, means, qv, ql, cands),
+                                    means)
             reranker.warm_up(context)  # models load before the clock starts
         t0 = time.perf_counter()
         qlangs = [given[i] or s.lang or detector.detect(q) for i, q in enumerate(queries)]

@@ -95,7 +95,9 @@ def train_field_head(config: Any, *, progress: bool = True, log: Callable[[str],
         examples, Encoder.from_specs(config.model), epochs=config.epochs, batch_size=config.batch_size,
         learning_rate=config.learning_rate, weight_decay=config.weight_decay, seed=config.seed,
         held_out=config.eval.held_out, progress=progress, log=log, **options)
-    field_head.save_head(out, report.W, report.metadata(task.data))
+    # the fields read, in order: the reranker reads the same ones from the head
+    fields = list(field_head.field_names(fields))
+    field_head.save_head(out, report.W, {**report.metadata(task.data), "fields": fields})
     from vecplug.indexer.train import TrainReport
 
     evaluations = [{"step": 0, "held_out": {"mrr": report.mrr_before}},

@@ -39,11 +39,15 @@ class RerankContext:
     vectors for a query vector, with the index's language-bias correction applied when it is
     on, so that a reranker which re-embeds the query scores in the same geometry; NaN for a
     candidate that a commit removed since the first stage found it (its vector is gone).
+    ``means``: the language means (:class:`vecplug.adapters.bias.LanguageMeans`) when the
+    correction is on, None when off; a reranker that embeds vectors of its own centres them
+    with these (``means.centre(vectors, langs)``) to score in the corrected geometry.
     """
 
     encoder: Any
     store: Any
     score_vectors: Callable[[np.ndarray, Sequence[StoreHit], str | None], np.ndarray]
+    means: Any = None
 
 
 class Reranker(ABC):

@@ -12,10 +12,12 @@ reranker embeds each field on its own and lets the query choose among them:
 ``W`` is the identity unless a trained head is given (a safetensors file holding a square
 matrix ``"W"``; its norm also plays the part of ``scale``, so a trained head may keep the
 default scale). :func:`field_attention` is the whole of the math, pure, for tests and for
-training a head.
+training a head. With the index's language-bias correction on, the query and the field
+vectors are centred by their languages' means first, as the first stage scores them.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -97,7 +99,9 @@ class FieldAttentionReranker(Reranker):
     a payload key (title, description, url...); absent or empty fields are skipped, and a
     candidate with none of them is scored on its text alone. ``scale``: the attention's
     inverse temperature (cosines are small, so a large scale is needed for the weights to
-    differ). ``head``: a safetensors file with a trained ``W``. ``cache_size``: field vectors
+    differ). ``head``: a safetensors file with a trained ``W``; the fields and scale it was
+    trained with are used unless given, and a head trained over another document encoder is
+    refused. Defaults: title, description, text; scale 20. ``cache_size``: field vectors
     kept between calls (least recently used dropped first), so a document that comes back
     for another query is not embedded again.
 
@@ -109,26 +113,37 @@ class FieldAttentionReranker(Reranker):
     #: ``fields:PATH`` names a trained head
     spec_argument: ClassVar[str] = "head"
 
-    def __init__(self, fields: Sequence[str] = DEFAULT_FIELDS, scale: float = 20.0,
+    def __init__(self, fields: Sequence[str] | None = None, scale: float | None = None,
                  head: str | None = None, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        self.head = str(Path(head).expanduser()) if head else None
+        self.weight = load_head(self.head) if self.head else None
+        self.head_checksum: str | None = None
+        #: the document encoder's checksum the head was trained over (None: not recorded)
+        self.head_encoder: str | None = None
+        if self.head:
+            from vecplug.indexer.checksums import weights_sha256
+
+            self.head_checksum = weights_sha256(Path(self.head))
+            trained = _head_settings(self.head)
+            fields = fields if fields is not None else trained.get("fields")
+            scale = scale if scale is not None else trained.get("scale")
+            self.head_encoder = trained.get("document_encoder_checksum")
+        fields = DEFAULT_FIELDS if fields is None else fields
         if isinstance(fields, str):
             fields = [f.strip() for f in fields.split(",")]  # "title,text" from a flag or env
         self.fields = tuple(f for f in fields if f)
         if not self.fields:
             raise ConfigError("the field reranker needs at least one field")
+        scale = 20.0 if scale is None else scale
         if not np.isfinite(scale):
             raise ConfigError(f"field reranker scale must be finite, got {scale}")
         self.scale = float(scale)
-        self.head = str(Path(head).expanduser()) if head else None
-        self.weight = load_head(self.head) if self.head else None
-        self.head_checksum: str | None = None
-        if self.head:
-            from vecplug.indexer.checksums import weights_sha256
-
-            self.head_checksum = weights_sha256(Path(self.head))
         self.cache_size = int(cache_size)
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_owner: Any = None
+        # a shared Index reranks from several threads: the LRU's check-then-move must not
+        # interleave with another thread's eviction (KeyError)
+        self._cache_lock = threading.Lock()
 
     def warm_up(self, context: RerankContext) -> None:
         context.encoder.document  # loads the document encoder (a lazy property)
@@ -148,36 +163,42 @@ class FieldAttentionReranker(Reranker):
 
     def _embed(self, texts: Sequence[str], encoder: Any) -> dict[str, np.ndarray]:
         """Vectors of distinct ``texts``, from the cache or from one encoder call."""
-        owner = self._cache_owner() if self._cache_owner is not None else None
-        if owner is not encoder:
-            # vectors of another encoder (another index) live in another space
-            self._cache.clear()
-            try:
-                self._cache_owner = weakref.ref(encoder)
-            except TypeError:  # an object without weak references: keep it alive instead
-                self._cache_owner = lambda e=encoder: e
         found: dict[str, np.ndarray] = {}
         missing: list[str] = []
-        for t in dict.fromkeys(texts):
-            if t in self._cache:
-                self._cache.move_to_end(t)
-                found[t] = self._cache[t]
-            else:
-                missing.append(t)
+        with self._cache_lock:
+            owner = self._cache_owner() if self._cache_owner is not None else None
+            if owner is not encoder:
+                # vectors of another encoder (another index) live in another space
+                self._cache.clear()
+                try:
+                    self._cache_owner = weakref.ref(encoder)
+                except TypeError:  # an object without weak references: keep it alive instead
+                    self._cache_owner = lambda e=encoder: e
+            for t in dict.fromkeys(texts):
+                v = self._cache.get(t)
+                if v is not None:
+                    self._cache.move_to_end(t)
+                    found[t] = v
+                else:
+                    missing.append(t)
         if missing:
             # documents take the passage prefix and the document maximum length, as indexed
+            # (encoded outside the lock: other threads' cache hits need not wait for it)
             vecs = np.asarray(encoder.encode_documents(missing, progress=False), dtype=np.float32)
-            for t, v in zip(missing, vecs):
-                found[t] = v
-                self._cache[t] = v
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            with self._cache_lock:
+                for t, v in zip(missing, vecs):
+                    found[t] = v
+                    if self._cache_owner is not None and self._cache_owner() is encoder:
+                        self._cache[t] = v
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
         return found
 
     def rerank(self, queries: Sequence[Query], candidates: Sequence[Sequence[StoreHit]],
                context: RerankContext) -> list[list[StoreHit]]:
         if len(queries) != len(candidates):
             raise ValueError(f"{len(queries)} queries but {len(candidates)} candidate lists")
+        self._check_encoder(context.encoder)
         per_hit = [[self.field_texts(h.record) for h in cands] for cands in candidates]
         # one encoder call for every field text of every query not already cached
         vectors = self._embed([t for hits in per_hit for texts in hits for t in texts], context.encoder)
@@ -187,12 +208,48 @@ class FieldAttentionReranker(Reranker):
             if self.weight is not None and self.weight.shape[0] != qv.shape[0]:
                 raise ModelMismatchError(f"field head {self.head} is {self.weight.shape[0]}-dimensional, "
                                          f"the index's vectors are {qv.shape[0]}-dimensional")
-            scores = [field_attention(qv, np.stack([vectors[t] for t in texts]), self.scale,
-                                      self.weight).score
-                      for texts in hits]
+            means = context.means
+            if means is not None:  # the corrected geometry, as the first stage scored them
+                qv = means.centre_query(qv, q.lang)
+            scores = []
+            for hit, texts in zip(cands, hits):
+                fields = np.stack([vectors[t] for t in texts])
+                if means is not None:
+                    fields = means.centre(fields, [hit.record.lang] * len(texts))
+                scores.append(field_attention(qv, fields, self.scale, self.weight).score)
             out.append(order_by_scores(cands, scores))
         return out
+
+    def _check_encoder(self, encoder: Any) -> None:
+        """A head trained over another document encoder reads vectors of another space."""
+        if self.head_encoder is None or not hasattr(encoder, "describe"):
+            return
+        found = encoder.describe().get("document_encoder_checksum")
+        if found is not None and found != self.head_encoder:
+            raise ModelMismatchError(
+                f"field head {self.head} was trained over the document encoder {self.head_encoder}, "
+                f"the index's is {encoder.describe().get('document_encoder')} ({found})")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "fields": list(self.fields), "scale": self.scale,
                 "head": self.head, "checksum": self.head_checksum}
+
+
+def _head_settings(path: str) -> dict[str, Any]:
+    """What a head file records of its training (``vecplug train``, kind field-head): fields,
+    scale, document encoder checksum; empty for a head written by something else."""
+    from vecplug.indexer.field_head import read_head_metadata
+
+    try:
+        meta = read_head_metadata(path)
+    except Exception:  # noqa: BLE001  (load_head has read the tensor: metadata is optional)
+        return {}
+    out: dict[str, Any] = {}
+    config, encoder, fields = meta.get("config"), meta.get("encoder"), meta.get("fields")
+    if isinstance(config, dict) and isinstance(config.get("scale"), (int, float)):
+        out["scale"] = float(config["scale"])
+    if isinstance(fields, list) and fields and all(isinstance(f, str) for f in fields):
+        out["fields"] = tuple(fields)
+    if isinstance(encoder, dict) and isinstance(encoder.get("document_encoder_checksum"), str):
+        out["document_encoder_checksum"] = encoder["document_encoder_checksum"]
+    return out
