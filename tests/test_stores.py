@@ -391,6 +391,51 @@ def test_qdrant_unreachable_server_is_named(monkeypatch: pytest.MonkeyPatch) -> 
     assert [str(w.message) for w in shown] == []  # the error alone, no client warning with it
 
 
+def test_qdrant_refusals_say_what_to_do() -> None:
+    """A wrong API key (401) and a URL that is not Qdrant's (404) were tracebacks of the client's
+    UnexpectedResponse; they are errors naming the URL, the answer and what to check."""
+    import http.server
+    import re
+    import threading
+    import warnings
+
+    pytest.importorskip("qdrant_client")
+    from vecplug.errors import VecplugError
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        status = 401
+
+        def do_GET(self) -> None:
+            body = b'{"status": "no"}'
+            self.send_response(self.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    before = set(threading.enumerate())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the client's version check, in a thread of its own
+            with pytest.raises(VecplugError, match=re.escape(f"qdrant at {url} refused the request (401)") +
+                               ".*VECPLUG_INDEX_API_KEY"):
+                get_store_class("qdrant").exists(url, {})
+            Refuse.status = 404
+            with pytest.raises(VecplugError, match=re.escape(f"qdrant at {url} answered 404 Not Found: is "
+                                                             "this the URL of a Qdrant server")):
+                get_store_class("qdrant").exists(url, {})
+            for thread in set(threading.enumerate()) - before:  # requests, the version check
+                thread.join(timeout=10)
+    finally:
+        server.shutdown()
+
+
 def test_undetermined_language_reads_as_none(target: tuple[type, str, dict[str, Any]]) -> None:
     """A record of unknown language, stored without one or tagged ``und`` (the language
     detector's word for it), reads back with ``lang`` None from every store, and is counted and

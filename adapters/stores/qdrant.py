@@ -238,17 +238,38 @@ def _retry(fn: Callable[..., _T], *args: Any, tries: int = 3, where: str = "", *
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - classified just below
             code = getattr(exc, "code", None)  # grpc.RpcError has .code()
+            at = f" at {where}" if where else ""  # the error alone says only "Connection refused"
             if not (isinstance(exc, ResponseHandlingException)
                     or getattr(exc, "status_code", 0) in (429, 500, 502, 503, 504)
                     and isinstance(exc, UnexpectedResponse)
                     or callable(code) and getattr(code(), "name", "") in (
                         "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")):
+                refused = _refusal(exc, code, at, UnexpectedResponse)
+                if refused is not None:
+                    raise refused from exc
                 raise
             if attempt == tries - 1:
-                at = f" at {where}" if where else ""  # the error alone says only "Connection refused"
                 raise VecplugError(f"qdrant unreachable{at} after {tries} tries: {exc}") from exc
             time.sleep(0.5 * 2 ** attempt)
     raise AssertionError("unreachable")
+
+
+def _refusal(exc: Exception, code: Any, at: str, unexpected: type) -> VecplugError | None:
+    """A server's answer that no retry changes, as an error that says what to do: a wrong or
+    missing API key (401/403), or a URL that is not a Qdrant server's REST API (404 and the
+    like); None for anything else (a bug of ours stays the traceback it is)."""
+    grpc = getattr(code(), "name", "") if callable(code) else ""
+    status = getattr(exc, "status_code", None) if isinstance(exc, unexpected) else None
+    if status in (401, 403) or grpc in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        return VecplugError(f"qdrant{at} refused the request ({status or grpc}): check its API key "
+                            "(index.api_key, or VECPLUG_INDEX_API_KEY)")
+    if status is not None:
+        reason = (getattr(exc, "reason_phrase", "") or "").strip()
+        body = getattr(exc, "content", b"") or b""
+        text = body.decode("utf-8", "replace").strip()[:200] if isinstance(body, bytes) else str(body)[:200]
+        hint = ": is this the URL of a Qdrant server's REST API (port 6333)?" if status == 404 else ""
+        return VecplugError(f"qdrant{at} answered {status} {reason}{hint}" + (f" ({text})" if text else ""))
+    return None
 
 
 class _Server:
