@@ -340,3 +340,21 @@ def test_plain_model_as_query_encoder_is_refused(corpus: Path, tiny_model: Path,
     # not a student at all: its own checksum is no teacher's
     assert "not a student" in out and "distilled from a teacher" not in out
     assert str(other_tiny_model) in out and str(tiny_model) in out
+
+
+def test_a_rerun_cuts_and_reads_as_the_index_was_built(tmp_path: Path, tiny_model: Path) -> None:
+    """Passage size, overlap and embedded fields default to the index's: a plain re-run after
+    `--chunk-tokens 20` cut every file again at 200 tokens, re-encoding the whole corpus."""
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "long.txt").write_text(" ".join(f"word{i} water fox" for i in range(60)))
+    first = run("index", str(root), "--model", str(tiny_model), "--chunk-tokens", "20", "--lang", "en", "-q")
+    passages = int(first.split("indexed ")[1].split()[0])
+    assert passages > 5
+    again = run("index", str(root), "--lang", "en", "-q")
+    assert f"indexed 0 documents from 1 files ({passages} unchanged, 0 removed" in again
+    assert "passages of 20 tokens" in run("info")
+    with pytest.raises(Exception, match="corpus.embed_fields names no field"):
+        from vecplug.config import load_settings
+
+        load_settings(overrides={"corpus": {"embed_fields": []}}, environ={})

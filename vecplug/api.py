@@ -150,15 +150,37 @@ class Index:
         return index
 
     def _new_manifest(self) -> dict[str, Any]:
-        c = self.settings.corpus
+        c = self.corpus_settings()
         return {
             **self.encoder.describe(),
             "vecplug_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "corpus": {"chunk_tokens": c.chunk_tokens, "chunk_overlap": c.chunk_overlap,
-                       "embed_fields": list(c.embed_fields)},
+            "corpus": {**c, "embed_fields": list(c["embed_fields"])},
             "debias": self.settings.index.debias,
         }
+
+    def corpus_settings(self) -> dict[str, Any]:
+        """``chunk_tokens``, ``chunk_overlap`` and ``embed_fields`` as a run cuts and reads
+        documents: each as set, else as the index was built (cut otherwise, every document
+        would be encoded again), else the defaults of a new index. The overlap goes with the
+        passage length: passages of another length than the index's take the default overlap
+        (32 tokens, at most a quarter of a passage) unless one is set."""
+        from vecplug.config import CORPUS_DEFAULTS
+
+        built = (self.manifest.get("corpus") or {}) if self.store is not None else {}
+        c = self.settings.corpus
+        tokens = int(c.chunk_tokens or built.get("chunk_tokens") or CORPUS_DEFAULTS["chunk_tokens"])
+        if c.chunk_overlap is not None:
+            overlap = c.chunk_overlap
+        elif built.get("chunk_tokens") == tokens and isinstance(built.get("chunk_overlap"), int):
+            overlap = built["chunk_overlap"]
+        else:
+            overlap = min(CORPUS_DEFAULTS["chunk_overlap"], tokens // 4)
+        if not 0 <= overlap < tokens:
+            raise ConfigError(f"corpus.chunk_overlap ({overlap}) must be smaller than corpus.chunk_tokens ({tokens})")
+        fields = c.embed_fields if c.embed_fields is not None else built.get("embed_fields")
+        return {"chunk_tokens": tokens, "chunk_overlap": overlap,
+                "embed_fields": tuple(fields or CORPUS_DEFAULTS["embed_fields"])}
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -302,14 +324,13 @@ class Index:
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
         root, source_root = _corpus_root(path)
-        c = self.settings.corpus
+        c, cut = self.settings.corpus, self.corpus_settings()
         reader = CorpusReader(root, self.encoder.document.offsets, CorpusOptions(
-            chunk_tokens=c.chunk_tokens, chunk_overlap=c.chunk_overlap, embed_fields=c.embed_fields,
+            chunk_tokens=cut["chunk_tokens"], chunk_overlap=cut["chunk_overlap"], embed_fields=cut["embed_fields"],
             max_file_bytes=c.max_file_mb * 1024 * 1024))
         built_from = self.store.manifest_value("source_root")
         built_kind = self.store.manifest_value("source_kind", "folder")
-        manifest: dict[str, Any] = {"corpus": {"chunk_tokens": c.chunk_tokens, "chunk_overlap": c.chunk_overlap,
-                                               "embed_fields": list(c.embed_fields)}}
+        manifest: dict[str, Any] = {"corpus": {**cut, "embed_fields": list(cut["embed_fields"])}}
         documents: Iterable[Document] = reader.documents()
         if not (lang or c.lang):
             from vecplug.indexer.langid import one_language_per_file

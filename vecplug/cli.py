@@ -85,7 +85,7 @@ def cli() -> None:
 @click.argument("path", type=click.Path(exists=True))
 @_index_options
 @click.option("--lang", help="Language of every document (skips detection), e.g. de.")
-@click.option("--chunk-tokens", type=int, help="Passage size for .txt/.md files, in tokens.")
+@click.option("--chunk-tokens", type=int, help="Passage size for .txt/.md files, in tokens [default: the index's; 200 for a new one].")
 @click.option("--debias/--no-debias", default=None,
               help="A new index searches with the language-bias correction on by default.")
 @click.option("--int8-documents", "int8_documents", is_flag=True, default=None,

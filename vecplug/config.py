@@ -4,14 +4,17 @@ The YAML file mirrors the sections below (unknown keys are rejected)::
 
     index:  {path: .vecplug, store: hnswlib, url: null, collection: vecplug,
              hnsw_m: null, hnsw_ef_construction: null, hnsw_ef_search: null}
-    model:  {document: me5-small, query_max_length: 64, document_max_length: 256}
-    corpus: {chunk_tokens: 200, chunk_overlap: 32, lang: null}
+    model:  {document: null, query_max_length: null, document_max_length: null}
+    corpus: {chunk_tokens: null, chunk_overlap: null, embed_fields: null, lang: null}
     search: {k: 10, mode: xy, debias: null, rerank: null, rerank_depth: 50}
 
 Each key can also be set from the environment as ``VECPLUG_<SECTION>_<KEY>``, e.g.
 ``VECPLUG_INDEX_STORE=qdrant`` or ``VECPLUG_SEARCH_K=5`` (a ``VECPLUG_<SECTION>_`` variable that
 names no key is rejected, as an unknown YAML key is); ``VECPLUG_CONFIG`` names a file.
 Language codes (``corpus.lang``, ``search.lang``, ``search.langs``) are stripped and lower-cased.
+A null model or corpus setting means "as the index was built" (its manifest); a new index
+takes me5-small, 64/256-token limits, 200-token passages with 32 of overlap and the fields
+title, description, text.
 """
 from __future__ import annotations
 
@@ -114,11 +117,19 @@ class ModelSettings:
     trace: bool = True
 
 
+#: how a new index cuts and reads its documents (an existing index: as its manifest records)
+CORPUS_DEFAULTS: Mapping[str, Any] = {"chunk_tokens": 200, "chunk_overlap": 32,
+                                      "embed_fields": ("title", "description", "text")}
+
+
 @dataclass(frozen=True)
 class CorpusSettings:
-    chunk_tokens: int = 200
-    chunk_overlap: int = 32
-    embed_fields: tuple[str, ...] = ("title", "description", "text")
+    #: passage length and overlap in tokens, and the record fields embedded; None: as the index
+    #: was built (a later run that cut or read otherwise would encode every document again),
+    #: for a new index :data:`CORPUS_DEFAULTS`
+    chunk_tokens: int | None = None
+    chunk_overlap: int | None = None
+    embed_fields: tuple[str, ...] | None = None
     #: language of every document (skips detection), e.g. "de"
     lang: str | None = field(default=None, metadata=LANG_CODES)
     max_file_mb: int = 64
@@ -185,8 +196,14 @@ class Settings:
         # NaN would leave the scores unsortable; inf would tie every same-language answer
         if not math.isfinite(self.search.prefer_boost):
             raise ConfigError(f"search.prefer_boost must be a finite number, not {self.search.prefer_boost}")
-        if not 0 <= self.corpus.chunk_overlap < self.corpus.chunk_tokens:
-            raise ConfigError("corpus.chunk_overlap must be >= 0 and smaller than corpus.chunk_tokens")
+        if self.corpus.chunk_overlap is not None and self.corpus.chunk_overlap < 0:
+            raise ConfigError(f"corpus.chunk_overlap must be >= 0, not {self.corpus.chunk_overlap}")
+        if (self.corpus.chunk_overlap is not None and self.corpus.chunk_tokens is not None
+                and self.corpus.chunk_overlap >= self.corpus.chunk_tokens):
+            raise ConfigError("corpus.chunk_overlap must be smaller than corpus.chunk_tokens")
+        if self.corpus.embed_fields is not None and not [f for f in self.corpus.embed_fields if f.strip()]:
+            # every record would lack them: a run would report each and prune the whole index
+            raise ConfigError("corpus.embed_fields names no field; give at least one (e.g. text)")
         return self
 
 
