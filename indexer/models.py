@@ -162,8 +162,12 @@ def build_builtin(name: str, force: bool = False) -> Path:
     target = models_dir() / name
     if is_built(name) and not force:
         return target
-    models_dir().mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=models_dir()))
+    try:
+        models_dir().mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=models_dir()))
+    except OSError as exc:
+        raise ModelError(f"cannot build {name} into {models_dir()} ({exc.strerror or exc}): set VECPLUG_HOME "
+                         "to a folder you can write") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is for everyone to read
     try:
         BUILTIN_MODELS[name].builder(tmp)

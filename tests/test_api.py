@@ -354,8 +354,12 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             index.search("agua", langs=["Spanish"])
         assert [h.id for h in index.search("agua", mode="mono", lang="ES")] == ["es1"]
         assert [h.id for h in index.search("agua", langs=["PT_br"])] == ["pt1"]
-        with pytest.raises(vecplug.VecplugError, match="k must be at least 1"):
+        with pytest.raises(vecplug.VecplugError, match="k must be between 1 and 2147483647, not 0"):
             index.search("agua", k=0)
+        with pytest.raises(vecplug.VecplugError, match="k must be between 1 and 2147483647"):
+            index.search("agua", k=2**64)  # Qdrant: an OverflowError traceback
+        with pytest.raises(vecplug.VecplugError, match="k must be an integer, not str"):
+            index.search("agua", k="5")  # type: ignore[arg-type]
         with pytest.raises(vecplug.VecplugError, match="one per query"):
             index.search_batch(["agua", "wasser"], langs=["es"])
         with pytest.raises(vecplug.VecplugError, match="a list of queries"):
@@ -521,3 +525,28 @@ def test_a_document_of_undetermined_language_is_unchanged_on_a_second_run(tmp_pa
         assert index.add_documents(docs).documents == 2
         again = index.add_documents(docs)
         assert (again.documents, again.unchanged) == (0, 2)
+
+
+def test_where_the_index_goes(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """path= beside settings= was dropped (the index went to ./.vecplug); "~/idx" from YAML or
+    the environment made a folder named "~"; a collection named for a folder index was ignored
+    (two corpora given two collections merged into one index)."""
+    settings = vecplug.load_settings(overrides={"model": {"document": str(tiny_model)}}, environ={})
+    docs = [Document("a", "water boils", "api", lang="en")]
+    with vecplug.create_index(path=str(tmp_path / "given"), settings=settings) as index:
+        index.add_documents(docs)
+    assert (tmp_path / "given" / "manifest.json").is_file() and not Path(".vecplug").exists()
+    with vecplug.open_index(str(tmp_path / "given"), settings=settings) as index:
+        assert index.store.count() == 1
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home = vecplug.load_settings(overrides={"index": {"path": "~/idx"}, "model": {"document": str(tiny_model)}},
+                                 environ={})
+    with vecplug.create_index(settings=home) as index:
+        index.add_documents(docs)
+    assert (tmp_path / "home" / "idx" / "manifest.json").is_file() and not Path("~").exists()
+    for store in ("hnswlib", "qdrant"):
+        named = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / store), "store": store,
+                                                           "collection": "books"},
+                                                 "model": {"document": str(tiny_model)}}, environ={})
+        with pytest.raises(vecplug.ConfigError, match="names a collection on a Qdrant server"):
+            vecplug.create_index(settings=named)

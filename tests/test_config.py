@@ -174,3 +174,21 @@ def test_a_fraction_is_no_integer(tmp_path: Path) -> None:
     cfg.write_text("search: {k: 2.0, prefer_boost: 1}\n")  # a whole number is one
     s = load_settings(cfg, environ={})
     assert s.search.k == 2 and isinstance(s.search.k, int) and s.search.prefer_boost == 1.0
+
+
+def test_null_blank_and_huge_values_are_refused(tmp_path: Path) -> None:
+    """`index: {path: null}` made an index folder named "None", an empty VECPLUG_INDEX_PATH one
+    in the current folder; counts past a C int were OverflowError tracebacks downstream."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("index: {path: null}\n")
+    with pytest.raises(ConfigError, match="index.path: expected a string, got null"):
+        load_settings(cfg, environ={})
+    with pytest.raises(ConfigError, match="index.path: expected a string, got ' '"):
+        load_settings(environ={"VECPLUG_INDEX_PATH": " "})
+    cfg.write_text("index: {collection: ~}\n")  # YAML's null
+    with pytest.raises(ConfigError, match="index.collection: expected a string, got null"):
+        load_settings(cfg, environ={})
+    with pytest.raises(ConfigError, match="model.threads must be at most 2147483647"):
+        load_settings(environ={"VECPLUG_MODEL_THREADS": str(10**30)})
+    with pytest.raises(ConfigError, match="search.k must be at most 2147483647"):
+        load_settings(overrides={"search": {"k": 2**64}}, environ={})

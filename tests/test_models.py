@@ -87,3 +87,15 @@ def test_a_student_of_another_teacher_is_refused_when_named(tiny_student: Path) 
     (tiny_student / "student.json").write_text(json.dumps({**meta, "teacher_checksum": "0" * 16}))
     with pytest.raises(ModelMismatchError, match=r"distilled from .*\(0000000000000000\), but the teacher found"):
         resolve_model(str(tiny_student))
+
+
+def test_an_unwritable_home_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VECPLUG_HOME that cannot be made was a FileNotFoundError traceback at the first build."""
+    from vecplug.errors import ModelError
+    from vecplug.indexer.models import build_builtin
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("VECPLUG_HOME", str(blocker / "home"))
+    with pytest.raises(ModelError, match="cannot build me5-small into .*set VECPLUG_HOME to a folder you can write"):
+        build_builtin("me5-small")

@@ -643,3 +643,19 @@ def test_order_by_scores_is_stable_and_puts_nan_last() -> None:
     assert got[0].score == pytest.approx(0.9)
     with pytest.raises(ValueError):
         order_by_scores(cands, [1.0])
+
+
+def test_a_broken_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry point naming a module that is not installed was a ModuleNotFoundError traceback."""
+    import vecplug.adapters.rerank as rerankers
+    import vecplug.adapters.stores.registry as stores
+
+    monkeypatch.setattr(rerankers, "entry_points", lambda group: [
+        EntryPoint("broken", "nowhere_pkg.missing:Reranker", group)] if group == rerankers.ENTRY_POINT_GROUP else [])
+    with pytest.raises(UnknownBackendError, match=r"reranker 'broken' \(nowhere_pkg.missing:Reranker\) cannot be "
+                                                  "loaded: No module named 'nowhere_pkg'"):
+        get_reranker("broken")
+    monkeypatch.setattr(stores, "entry_points", lambda group: [
+        EntryPoint("broken", f"{__name__}:NoSuchStore", group)] if group == stores.ENTRY_POINT_GROUP else [])
+    with pytest.raises(UnknownBackendError, match=r"store 'broken' .* cannot be loaded"):
+        get_store_class("broken")

@@ -9,7 +9,9 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vecplug._version import __version__
-from vecplug.config import Settings, load_settings, normalise_langs
+from vecplug.config import DEFAULT_COLLECTION, MAX_COUNT, Settings, load_settings, normalise_langs
 from vecplug.errors import ConfigError, IndexNotFoundError, ModelMismatchError, VecplugError
 from vecplug.indexer.pipeline import IndexReport
 from vecplug.types import Document, Hit, lang_code
@@ -58,17 +60,22 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     ix = settings.index
     name = name or ("qdrant" if ix.url and ix.store == "hnswlib" else ix.store)
     cls = get_store_class(name)
+    if name in ("hnswlib", "qdrant") and not ix.url and ix.collection != DEFAULT_COLLECTION:
+        # ignored, two corpora given two collections would merge into the folder's one index
+        raise ConfigError(f"index.collection ({ix.collection!r}) names a collection on a Qdrant server "
+                          "(index.url); an index folder holds one index: give each its own folder (--index)")
     if name == "hnswlib":
         # only the parameters set: the store takes the others from the index's manifest (what
         # it was built and tuned with), else its defaults; passing defaults would override those
         given = {"M": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction, "ef_search": ix.hnsw_ef_search}
-        return cls, ix.path, {key: value for key, value in given.items() if value is not None}
+        # "~/idx" from YAML or the environment (no shell expands it) made a folder named "~"
+        return cls, os.path.expanduser(ix.path), {key: value for key, value in given.items() if value is not None}
     options: dict[str, Any] = {"collection": ix.collection}
     if ix.api_key:
         options["api_key"] = ix.api_key
     if ix.reader_copy:
         options["snapshot"] = True
-    return cls, ix.url or ix.path, options
+    return cls, ix.url or os.path.expanduser(ix.path), options
 
 
 #: documents of a folder compared with the index's to tell its first folder, moved
@@ -317,7 +324,6 @@ class Index:
         :meth:`add_documents` are left alone by folder runs unless their source names a file of
         the first folder (a relative path ending in .txt, .md, .jsonl or .csv).
         """
-        import os
         from dataclasses import replace
         from itertools import chain, islice
 
@@ -438,8 +444,10 @@ class Index:
 
         s = self.settings.search
         k = s.k if k is None else k
-        if k < 1:
-            raise VecplugError(f"k must be at least 1, not {k}")
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise VecplugError(f"k must be an integer, not {type(k).__name__}")
+        if not 1 <= k <= MAX_COUNT:
+            raise VecplugError(f"k must be between 1 and {MAX_COUNT}, not {k}")
         if isinstance(queries, str) or isinstance(langs, str):
             raise VecplugError("search_batch takes a list of queries and a list of their languages; "
                                "for one query, use search()")
@@ -671,10 +679,20 @@ def settings_for(path: str | None = None, **sections: dict[str, Any]) -> Setting
     return load_settings(overrides=overrides)
 
 
+def _settings_at(path: str | None, settings: Settings | None) -> Settings:
+    """``settings`` (default: loaded as the CLI does) with ``path`` as the index's folder when
+    given: a path beside settings was dropped, and the index made in ``.vecplug`` instead."""
+    if settings is None:
+        return settings_for(path)
+    if path is None:
+        return settings
+    return dataclasses.replace(settings, index=dataclasses.replace(settings.index, path=str(path)))
+
+
 def open_index(path: str | None = None, *, settings: Settings | None = None,
                writable: bool = False) -> Index:
-    """Open an existing index (default ``.vecplug`` in the current folder)."""
-    return Index.open(settings or settings_for(path), writable=writable)
+    """Open an existing index (default ``.vecplug`` in the current folder, or the settings')."""
+    return Index.open(_settings_at(path, settings), writable=writable)
 
 
 def _corpus_root(path: str | Path) -> tuple[Path, str]:
@@ -698,7 +716,7 @@ def create_index(corpus: str | Path | None = None, *, path: str | None = None,
     """Open or create an index for writing; with ``corpus``, index that folder into it."""
     if corpus is not None:
         _corpus_root(corpus)  # refused before an empty index is made
-    index = Index.open(settings or settings_for(path), create=True)
+    index = Index.open(_settings_at(path, settings), create=True)
     if corpus is not None:
         try:
             index.index_path(corpus, progress=progress)

@@ -31,6 +31,10 @@ from vecplug.errors import ConfigError
 from vecplug.types import lang_code
 
 MODES = ("xy", "mono", "prefer")
+#: the largest count or length a setting takes (torch threads and Qdrant limits are C ints)
+MAX_COUNT = 2**31 - 1
+#: the collection of an index on a Qdrant server unless one is named
+DEFAULT_COLLECTION = "vecplug"
 QUANTIZE = ("auto", "none", "int8")
 RUNTIMES = ("torch", "onnx")
 #: field metadata of a language code setting, normalised as :func:`normalise_langs` does
@@ -60,7 +64,7 @@ class IndexSettings:
     store: str = "hnswlib"
     #: Qdrant server or cluster URL (implies store qdrant)
     url: str | None = None
-    collection: str = "vecplug"
+    collection: str = DEFAULT_COLLECTION
     api_key: str | None = None
     #: embedded Qdrant: a reader (search) always reads a private copy of the last commit, so a
     #: long-lived one (a search service) never keeps a writer out; off, a reader that finds the
@@ -166,6 +170,12 @@ class Settings:
     search: SearchSettings = field(default_factory=SearchSettings)
 
     def validate(self) -> "Settings":
+        for section in SECTIONS:
+            for f in dataclasses.fields(getattr(self, section)):
+                value = getattr(getattr(self, section), f.name)
+                # a C int downstream (torch threads, Qdrant's limit): an OverflowError traceback
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_COUNT:
+                    raise ConfigError(f"{section}.{f.name} must be at most {MAX_COUNT}, not {value}")
         if self.search.mode not in MODES:
             raise ConfigError(f"search.mode must be one of {', '.join(MODES)}, not '{self.search.mode}'")
         for name, value in (("search.k", self.search.k), ("corpus.chunk_tokens", self.corpus.chunk_tokens),
@@ -180,6 +190,7 @@ class Settings:
                             ("corpus.max_file_mb", self.corpus.max_file_mb)):
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+
         # hnswlib takes M < 2 without a word, then fails at the first insert (M 0 kills the process)
         if self.index.hnsw_m is not None and self.index.hnsw_m < 2:
             raise ConfigError(f"index.hnsw_m must be at least 2, not {self.index.hnsw_m}")
@@ -217,7 +228,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
             if type(None) in args:
                 return None
         inner = [a for a in args if a is not type(None)]
@@ -262,6 +273,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
+        if value is None or not str(value).strip():
+            # str(None) made an index folder named "None"; "" one in the current folder
+            raise ConfigError(f"{where}: expected a string, got {'null' if value is None else repr(value)} "
+                              "(leave the key out for its default)")
         return str(value)
     return value
 

@@ -64,7 +64,11 @@ def get_reranker(spec: str, **options: Any) -> Reranker:
         raise UnknownBackendError(
             f"unknown reranker '{name}'; known rerankers: {', '.join(sorted(known))}")
     module_name, _, attr = known[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        # a plugin's entry point naming a module or class that is not there (a broken install)
+        raise UnknownBackendError(f"reranker '{name}' ({known[name]}) cannot be loaded: {exc}") from exc
     target = getattr(cls, "spec_argument", DEFAULT_SPEC_ARGUMENT)
     if arg is not None:
         if target in options and options[target] != arg:

@@ -33,4 +33,8 @@ def get_store_class(name: str) -> type["VectorStore"]:
         raise UnknownBackendError(
             f"unknown store '{name}'; known stores: {', '.join(sorted(stores))}")
     module_name, _, attr = stores[name].partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        # a plugin's entry point naming a module or class that is not there (a broken install)
+        raise UnknownBackendError(f"store '{name}' ({stores[name]}) cannot be loaded: {exc}") from exc
