@@ -229,8 +229,10 @@ class _Writer:
 
     def commit(self) -> None:
         """Commit what is staged, with the manifest and the bias statistics it describes."""
+        writing, self.writing = self.writing, True  # an interrupt inside: no second commit
         self.store.commit(stamped(self.manifest, self.stats))
         self.since_commit = 0
+        self.writing = writing
 
 
 def _storable(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:

@@ -810,6 +810,33 @@ def test_ctrl_c_while_encoding_commits_the_finished_documents(tmp_path: Path, st
     store.close()
 
 
+def test_ctrl_c_in_a_commit_of_moved_records_is_not_committed_again(tmp_path: Path) -> None:
+    """Records that only moved to another line are rewritten and commits paced after them; Ctrl-C
+    landing in that commit made the run commit again on the broken handle (a StorageError in
+    place of the interruption)."""
+    from vecplug.adapters.stores import Record
+    from vecplug.indexer import pipeline
+    from vecplug.types import Document
+
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), 16, {"dim": 16}, {})
+    docs = [Document(f"d{i}", f"word{i} shared river", "s.jsonl", i, "en") for i in range(40)]
+    pipeline.run(docs, FakeEncoder(16), store, Record.from_document, None, progress=False)
+    moved = [Document(d.id, d.text, d.source, d.position + 1, d.lang) for d in docs]
+    commit, calls = store.commit, []
+
+    def interrupted_commit(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    store.commit = interrupted_commit  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(moved, FakeEncoder(16), store, Record.from_document, None, batch_size=8,
+                     commit_every=8, progress=False)
+    assert calls == [1]
+    store.commit = commit  # type: ignore[method-assign]
+    store.close()
+
+
 @pytest.mark.parametrize("store_name", STORES)
 def test_ctrl_c_while_reading_what_to_prune_commits_the_encoded_documents(tmp_path: Path, store_name: str) -> None:
     """A pruning run stages its documents until the final commit; Ctrl-C while it reads the
