@@ -27,6 +27,11 @@ def detector() -> LanguageDetector:
 def test_detects_common_languages(detector: LanguageDetector) -> None:
     assert {lang: detector.detect(text) for lang, text in SAMPLES.items()} == {l: l for l in SAMPLES}
     assert detector.detect("   ") == "und"
+    # nothing to read a language from: fastText guessed "en" (score 0.12)
+    assert [detector.detect(t) for t in ("12345", "\U0001f600", "3, 1")] == ["und"] * 3
+    # Chinese that fastText calls German, and English naming a company in Han characters
+    assert detector.detect("Energiprojekt AB公司位于何处?") == "zh"
+    assert detector.detect("Alibaba Group (阿里巴巴集团) reported record revenue") == "en"
 
 
 @pytest.mark.slow
