@@ -352,6 +352,33 @@ def test_hnswlib_opens_unchanged_files_without_the_full_check(tmp_path: Path,
     assert calls == [1]
 
 
+def test_hnswlib_reclaims_deleted_vectors(tmp_path: Path) -> None:
+    """hnswlib only marks deleted vectors: a corpus replaced run after run (a dated export
+    renamed daily) grew the graph by its whole size each run. A commit rebuilds it from the
+    live vectors once deleted ones are a quarter of it; searches and records are unchanged."""
+    from vecplug.adapters.stores.hnsw import HnswStore
+
+    location = str(tmp_path / "idx")
+    store = HnswStore.create(location, DIM, {"dim": DIM}, {})
+    vecs = unit_vectors(300, DIM)
+    store.upsert(records(300), vecs)
+    store.commit()
+    for day in range(1, 6):
+        store.delete([r.id for r in records(300, start=(day - 1) * 1000)])
+        store.upsert(records(300, start=day * 1000), vecs)
+        store.commit()
+        assert store._index.get_current_count() <= 2 * 300
+    store.close()
+    store = HnswStore.open(location, {})
+    try:
+        assert store.count() == 300 and store._index.get_current_count() <= 2 * 300
+        for i in (0, 123, 299):
+            hit = store.search(vecs[i], 1)[0]
+            assert hit.record.id == f"doc/{5000 + i}.txt#0" and hit.score == pytest.approx(1.0, abs=1e-4)
+    finally:
+        store.close()
+
+
 def test_hnswlib_damaged_graph_is_reported(tmp_path: Path) -> None:
     from vecplug.errors import CorruptIndexError
 

@@ -58,6 +58,10 @@ from vecplug.types import HNSW_DEFAULTS
 DB_NAME = "records.sqlite"
 MANIFEST_NAME = "manifest.json"
 STAMP_NAME = ".verified.json"
+#: a commit rebuilds the graph once deleted vectors are this share of it (and at least
+#: COMPACT_MIN of them): hnswlib keeps deleted vectors in the graph, marked
+COMPACT_SHARE = 0.25
+COMPACT_MIN = 64
 # a reader that finds the graph file of the generation it just read gone (a writer
 # committed in between) reads the commit record again, this many times
 _OPEN_RETRIES = 5
@@ -812,6 +816,8 @@ class HnswStore(VectorStore):
                 meta["manifest"] = {**meta["manifest"], **manifest}
             written: Path | None = None
             try:
+                if self._dirty and self._index is not None:
+                    self._compact_if_worn()
                 if self._dirty or meta["hnsw_file"] is None and self._index is not None:
                     gen = int(meta["generation"]) + 1
                     name = f"vectors-{gen}.hnsw"
@@ -856,6 +862,26 @@ class HnswStore(VectorStore):
                 atomic_write_json(self.folder / MANIFEST_NAME, meta["manifest"])
             except OSError as exc:  # the copy for people: the commit itself is done
                 raise storage_error(exc, f"committed, but cannot write {self.folder / MANIFEST_NAME}") from exc
+
+    def _compact_if_worn(self) -> None:
+        """Rebuild the graph from its live vectors once deleted ones are a quarter of it.
+
+        hnswlib only marks a deleted vector: it stays in the graph, its memory and its file,
+        and every commit writes it again. A corpus whose records are replaced run after run (a
+        dated export renamed each day) grew without bound. Labels are kept, so the records
+        need no change; the rebuild costs far less than encoding the documents that wore it."""
+        total = self._index.get_current_count()
+        deleted = total - self.count()
+        if deleted < COMPACT_MIN or deleted < COMPACT_SHARE * total:
+            return
+        labels = [int(row[0]) for row in self._sql("SELECT label FROM records")]
+        fresh = _hnswlib().Index(space="ip", dim=self.dim)
+        fresh.init_index(max_elements=max(1024, 2 * len(labels)), M=int(self._index.M),
+                         ef_construction=int(self._index.ef_construction))
+        for start in range(0, len(labels), 65536):  # the vectors a part at a time: a large index
+            part = labels[start:start + 65536]
+            fresh.add_items(_items(self._index, part), np.asarray(part, dtype=np.int64))
+        self._index = fresh  # the old one is the last commit's on disk, should this commit fail
 
     def _abandon(self, written: Path | None) -> None:
         """After a failed commit: drop what was staged (SQLite may have rolled back already) and
