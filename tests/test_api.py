@@ -182,6 +182,14 @@ def test_a_moved_folder_is_still_the_index_s_own(tmp_path: Path, tiny_model: Pat
         assert (index.report.documents, index.report.unchanged, index.report.removed) == (0, 4, 1)
         assert sorted(index.store.ids()) == [f"n{i}.txt#0" for i in range(1, 5)]
         assert index.manifest["source_root"] == str(moved.resolve())
+    # moved again, with new files sorting first: those say nothing of the move (they were
+    # counted against it, and the whole corpus indexed again beside itself)
+    again = moved.rename(tmp_path / "again")
+    (again / "aaa.jsonl").write_text("".join(json.dumps({"text": f"a new record {i}"}) + "\n" for i in range(40)))
+    with vecplug.create_index(again, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (40, 4, 0)
+        assert sorted(index.store.ids()) == sorted([f"aaa.jsonl#L{i}" for i in range(1, 41)] + [
+            f"n{i}.txt#0" for i in range(1, 5)])
 
 
 def test_a_part_or_a_copy_of_the_first_folder_never_prunes_the_rest(tmp_path: Path, tiny_model: Path) -> None:

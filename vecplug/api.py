@@ -78,8 +78,10 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     return cls, ix.url or os.path.expanduser(ix.path), options
 
 
-#: documents of a folder compared with the index's to tell its first folder, moved
+#: documents of a folder compared with the index's to tell its first folder, moved (of at most
+#: RELOCATION_SCAN read from its start: documents added since are not compared)
 RELOCATION_SAMPLE = 16
+RELOCATION_SCAN = 1024
 
 
 def _query_lang(value: str | None, i: int, count: int) -> str | None:
@@ -325,7 +327,7 @@ class Index:
         the first folder (a relative path ending in .txt, .md, .jsonl or .csv).
         """
         from dataclasses import replace
-        from itertools import chain, islice
+        from itertools import chain
 
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
@@ -351,11 +353,9 @@ class Index:
             # encoded again, beside the old ones. Only when it is gone from where it was, and
             # only a folder for a folder: a copy of it, or one file of it given alone, would
             # match as well, and taken for the first folder would prune the rest of it
-            head = list(islice(documents, RELOCATION_SAMPLE))
-            documents = chain(head, documents)
-            held = {r.id: r for r in self.store.get([d.id for d in head])}
-            same = sum(1 for d in head if d.id in held and held[d.id].text == d.text)
-            first = same > 0 and 2 * same >= len(head)
+            rest = iter(documents)
+            first, head = self._moved_here(rest)
+            documents = chain(head, rest)
         if first:
             manifest["source_root"], manifest["source_kind"] = source_root, kind
 
@@ -402,6 +402,27 @@ class Index:
         report.problems = reader.problems + report.problems
         self.report = report
         return report
+
+    def _moved_here(self, documents: Iterator[Document]) -> tuple[bool, list[Document]]:
+        """Whether a folder's documents are the first folder's, moved: of the first documents
+        the index holds by their relative ids (up to RELOCATION_SAMPLE of them, among at most
+        RELOCATION_SCAN read), at least half have the same text. Documents the index does not
+        hold yet (files added since, sorting first) say nothing either way. Returns the
+        verdict and the documents read, to be indexed as well."""
+        from itertools import islice
+
+        head: list[Document] = []
+        held = same = 0
+        for part in iter(lambda: list(islice(documents, RELOCATION_SAMPLE)), []):
+            head.extend(part)
+            stored = {r.id: r for r in self.store.get([d.id for d in part])}
+            for d in part:
+                if d.id in stored and held < RELOCATION_SAMPLE:
+                    held += 1
+                    same += stored[d.id].text == d.text
+            if held >= RELOCATION_SAMPLE or len(head) >= RELOCATION_SCAN:
+                break
+        return same > 0 and 2 * same >= held, head
 
     # -- reading -----------------------------------------------------------
 
