@@ -192,6 +192,47 @@ def test_a_moved_folder_is_still_the_index_s_own(tmp_path: Path, tiny_model: Pat
             f"n{i}.txt#0" for i in range(1, 5)])
 
 
+def test_a_folder_around_the_first_becomes_the_first(tmp_path: Path, tiny_model: Path) -> None:
+    """A subfolder (or one file) indexed first, then its parent: the documents already held are
+    renamed as the parent names them (their vectors kept), not indexed again beside themselves
+    under absolute ids; a file deleted later goes (the old copy stayed for good)."""
+    root = tmp_path / "c"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "a.txt").write_text("the quick brown fox jumps")
+    (root / "sub" / "b.txt").write_text("water boils at one hundred degrees")
+    (root / "top.txt").write_text("a note at the top")
+    other = root / "other"
+    other.mkdir()
+    (other / "o.txt").write_text("another folder inside the parent")
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(root / "sub", settings=settings):
+        pass
+    with vecplug.create_index(other, settings=settings) as index:  # another folder: absolute ids
+        assert sorted(index.store.ids()) == sorted(["a.txt#0", "b.txt#0", f"{other.resolve()}/o.txt#0"])
+    with vecplug.create_index(root, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (1, 3, 0)
+        assert sorted(index.store.ids()) == ["other/o.txt#0", "sub/a.txt#0", "sub/b.txt#0", "top.txt#0"]
+        assert index.store.get(["sub/a.txt#0"])[0].source == "sub/a.txt"
+        assert index.manifest["source_root"] == str(root.resolve())
+    (root / "sub" / "a.txt").unlink()
+    with vecplug.create_index(root, settings=settings) as index:
+        assert index.report.removed == 1
+        assert sorted(index.store.ids()) == ["other/o.txt#0", "sub/b.txt#0", "top.txt#0"]
+    # a single file first, then its folder
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "n.txt").write_text("a single note")
+    (single / "m.txt").write_text("its neighbour")
+    one = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx1")},
+                                           "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(single / "n.txt", settings=one):
+        pass
+    with vecplug.create_index(single, settings=one) as index:
+        assert (index.report.documents, index.report.unchanged) == (1, 1)
+        assert sorted(index.store.ids()) == ["m.txt#0", "n.txt#0"]
+
+
 def test_a_part_or_a_copy_of_the_first_folder_never_prunes_the_rest(tmp_path: Path, tiny_model: Path) -> None:
     """One file or subfolder of the first folder given alone updates its own documents there
     (not a second copy under its absolute path); a copy of the folder beside it is another

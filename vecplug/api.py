@@ -322,7 +322,9 @@ class Index:
         replace each other, and kept up to date the same way by its own runs (a file given
         alone: only its own documents). The first folder moved or renamed (gone from its old
         path) is recognised by its documents (relative ids and texts the index holds) and stays
-        the first; a copy of it while it is still there is another folder. Documents added with
+        the first; a copy of it while it is still there is another folder. A folder holding the
+        first folder (or first file) becomes the first: the documents held are renamed as it
+        names them, vectors kept (and other folders' inside it too). Documents added with
         :meth:`add_documents` are left alone by folder runs unless their source names a file of
         the first folder (a relative path ending in .txt, .md, .jsonl or .csv).
         """
@@ -356,6 +358,15 @@ class Index:
             rest = iter(documents)
             first, head = self._moved_here(rest)
             documents = chain(head, rest)
+        if not first and built_from is not None and kind == "folder":
+            # a folder holding the first folder (or the folder of a first file): its documents
+            # would be read again under new names beside the old ones, and the old ones kept
+            # for good (no later run owns them). It becomes the first folder: the documents
+            # already held are renamed as it names them, with their vectors
+            old_base = built_from if built_kind == "folder" else os.path.dirname(built_from)
+            if Path(old_base).is_relative_to(source_root):
+                self._rebase(source_root, os.path.relpath(old_base, source_root))
+                first = True
         if first:
             manifest["source_root"], manifest["source_kind"] = source_root, kind
 
@@ -402,6 +413,29 @@ class Index:
         report.problems = reader.problems + report.problems
         self.report = report
         return report
+
+    def _rebase(self, root: str, prefix: str) -> None:
+        """Stage the renames that make ``root`` the first folder: the first folder's documents
+        (relative ids) prefixed with its place in ``root`` (``prefix``, "." for none), and other
+        folders' documents under ``root`` (absolute ids) named relative to it. Vectors are kept
+        (nothing is encoded); the renames are committed with the run's first commit."""
+        from vecplug.indexer.corpus import SUFFIXES
+
+        def renamed(label: str) -> str | None:
+            if label.startswith("/"):
+                return os.path.relpath(label, root) if label.startswith(root + "/") else None
+            return None if prefix == "." else f"{prefix}/{label}"
+
+        ids = list(self.store.ids())
+        for start in range(0, len(ids), 1024):
+            records = [r for r in self.store.get(ids[start:start + 1024])
+                       if Path(r.source).suffix.lower() in SUFFIXES and renamed(r.id) is not None]
+            if not records:
+                continue
+            vectors = self.store.vectors([r.id for r in records])
+            self.store.upsert([dataclasses.replace(r, id=renamed(r.id), source=renamed(r.source) or r.source)
+                               for r in records], vectors)
+            self.store.delete([r.id for r in records])
 
     def _moved_here(self, documents: Iterator[Document]) -> tuple[bool, list[Document]]:
         """Whether a folder's documents are the first folder's, moved: of the first documents
