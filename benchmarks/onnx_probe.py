@@ -88,7 +88,9 @@ def main() -> None:
     # the graphs are rebuilt each run, into this folder
     work = Path(args.work) / ("me5-small-documents" if args.documents else args.student)
     work.mkdir(parents=True, exist_ok=True)
-    enc = Encoder.from_specs("me5-small", args.student, query_quantize=None)
+    # not traced: engines are swapped by assigning ``student.model``, and a traced graph (made
+    # after a few small forwards) would run in place of whichever model is assigned
+    enc = Encoder.from_specs("me5-small", args.student, query_quantize=None, trace=False)
     # torch fp32; its ``onnx`` slot takes each variant's session in turn
     student = enc.document if args.documents else enc.query
     export_fused(student.model, work / "fp32.onnx")
@@ -135,6 +137,7 @@ def main() -> None:
 
     def use(name: str) -> None:
         student.model, student.onnx = engines[name]
+        assert student.graph is None, "a traced graph would run in place of the engine"
 
     # latency, interleaved so that the machine's drift is shared: each query runs on every
     # engine in turn, the order rotated from one query to the next

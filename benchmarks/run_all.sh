@@ -58,7 +58,9 @@ if [[ "${1:-}" == "--report-only" ]]; then
 else
     for name in $BENCH; do
         case "$name" in
-            xquad_r) run xquad_r "$@" ;;
+            # the README's table: me5-small on both sides, ef 64, no correction (the student, the
+            # correction and rerankers: `vecplug eval`, benchmarks/eval.sh)
+            xquad_r) run xquad_r --query-model me5-small --ef-search 64 "$@" ;;
             query_latency) run query_latency me5-small me5-small-student-k6 me5-small-student-k6+int8 \
                                me5-small-student-k6@onnx me5-small-student-k6+int8@onnx \
                                --index "$WORK/xquad-r" ;;
