@@ -80,10 +80,28 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
     return hits
 
 
-def apply_preference(hits: Sequence[StoreHit], query_lang: str | None, boost: float) -> list[StoreHit]:
+def boost_on_scale(boost: float, before: Sequence[StoreHit], after: Sequence[StoreHit]) -> float:
+    """``boost`` (in first-stage cosine units) on a reranker's scale: times the ratio of the
+    spreads (standard deviations) of the same candidates' scores after and before reranking.
+    A cross-encoder's logits spread ten times wider than cosines, and 0.05 added to them moved
+    nothing; a reranker scoring in cosines (teacher, fields) keeps about the boost given."""
+    first = np.asarray([h.score for h in before], dtype=np.float64)
+    then = np.asarray([h.score for h in after], dtype=np.float64)
+    first, then = first[np.isfinite(first)], then[np.isfinite(then)]
+    if len(first) < 2 or len(then) < 2 or first.std() <= 1e-9 or then.std() <= 1e-9:
+        return boost
+    return float(boost * then.std() / first.std())
+
+
+def apply_preference(hits: Sequence[StoreHit], query_lang: str | None, boost: float,
+                     keep_scores: bool = False) -> list[StoreHit]:
     """``prefer``: documents in the query's language get ``boost`` added; re-sorted, best first
-    (a query of unknown language boosts none)."""
+    (a query of unknown language boosts none). ``keep_scores``: in that order, with their own
+    scores (the candidates a reranker is to rescore)."""
     lang = _known(query_lang)
-    boosted = [StoreHit(h.record, h.score + boost, h.vector) if lang and h.record.lang == lang else h
-               for h in hits]
-    return sorted(boosted, key=lambda h: -h.score)
+
+    def boosted(h: StoreHit) -> float:
+        return h.score + boost if lang and h.record.lang == lang else h.score
+
+    order = sorted(hits, key=lambda h: -boosted(h))
+    return order if keep_scores else [StoreHit(h.record, boosted(h), h.vector) for h in order]

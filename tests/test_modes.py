@@ -267,3 +267,50 @@ def test_api_modes_debias_and_batch(tmp_path: Path, tiny_model: Path) -> None:
         assert pref.mode == "prefer" and len(pref) == 4
     finally:
         index.close()
+
+
+class _WideReranker:
+    """Keeps the first stage's order with scores a hundred times wider (a cross-encoder's logits
+    spread like that); records how many candidates each query brought."""
+
+    name = "wide"
+    seen: list[int] = []
+
+    def __init__(self) -> None:
+        pass
+
+    def warm_up(self, context: object) -> None:
+        pass
+
+    def rerank(self, queries: list, candidates: list, context: object) -> list:
+        _WideReranker.seen.extend(len(c) for c in candidates)
+        return [[StoreHit(h.record, 100 * h.score, h.vector) for h in c] for c in candidates]
+
+
+def test_prefer_with_a_reranker(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefer's boost is in cosine units: added to a cross-encoder's logits it moved nothing. It
+    is put on the reranker's scale (the spreads of the scores before and after), and the
+    reranker gets rerank_depth candidates as in the other modes (it got the pooled and the
+    same-language lists, twice as many)."""
+    from importlib.metadata import EntryPoint
+
+    import vecplug.adapters.rerank as registry
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [
+        EntryPoint("wide", f"{__name__}:_WideReranker", group)] if group == registry.ENTRY_POINT_GROUP else [])
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx"), "debias": False},
+                                                "search": {"prefer_boost": 0.5},
+                                                "model": {"document": str(tiny_model)}})
+    words = ["water boils", "wasser kocht", "el agua hierve", "the quick fox", "der schnelle fuchs",
+             "el zorro rapido", "a lazy dog", "ein fauler hund"]
+    docs = [vecplug.Document(f"d{i}-{lang}", f"{w} {j}", "s", i * 3 + j, lang)
+            for i, w in enumerate(words) for j, lang in enumerate(["en", "de", "es"])]
+    with vecplug.create_index(settings=settings) as index:
+        index.add_documents(docs)
+        plain = index.search("water boils", k=5, mode="prefer", lang="de")
+        assert [h.lang for h in plain][:3] == ["de"] * 3  # the boost reorders
+        _WideReranker.seen.clear()
+        wide = index.search("water boils", k=5, mode="prefer", lang="de", rerank="wide", rerank_depth=6)
+        assert [h.id for h in wide] == [h.id for h in plain]
+        assert [h.score for h in wide] == pytest.approx([100 * h.score for h in plain], rel=1e-4)
+        assert _WideReranker.seen == [6]

@@ -558,11 +558,21 @@ class Index:
                                f"{queries[int(np.argmax(bad))]!r}")
         candidates = [self._first_stage(v, ql, mode, depth, target, means, ef, single=len(queries) == 1)
                       for v, ql in zip(vectors, qlangs)]
+        boosts = [s.prefer_boost] * len(queries)
         if reranker is not None:
+            if mode == "prefer":
+                # the reranker reads rerank_depth candidates, as in the other modes: the best
+                # with the preference (the first stage gave the pooled and same-language lists)
+                cut = max(k, rerank_depth)
+                candidates = [modes.apply_preference(c, ql, s.prefer_boost, keep_scores=True)[:cut]
+                              for c, ql in zip(candidates, qlangs)]
+            before = candidates
             candidates = reranker.rerank([Query(q, ql, v) for q, ql, v in zip(queries, qlangs, vectors)],
                                          candidates, context)
+            if mode == "prefer":  # the boost on the reranker's scale
+                boosts = [modes.boost_on_scale(s.prefer_boost, b, a) for b, a in zip(before, candidates)]
         if mode == "prefer":
-            candidates = [modes.apply_preference(c, ql, s.prefer_boost) for c, ql in zip(candidates, qlangs)]
+            candidates = [modes.apply_preference(c, ql, b) for c, ql, b in zip(candidates, qlangs, boosts)]
         share = (time.perf_counter() - t0) / max(1, len(queries))
         return [SearchResult(q, ql, mode,
                              [Hit(h.record.id, float(h.score), h.record.text, h.record.lang, h.record.source,
