@@ -358,3 +358,17 @@ def test_a_rerun_cuts_and_reads_as_the_index_was_built(tmp_path: Path, tiny_mode
         from vecplug.config import load_settings
 
         load_settings(overrides={"corpus": {"embed_fields": []}}, environ={})
+
+
+def test_settings_of_a_new_index_are_not_ignored_silently(corpus: Path, tiny_model: Path, tiny_student: Path) -> None:
+    """--no-debias and --query-encoder set a new index's defaults; given to an existing index
+    they were ignored without a word."""
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    result = CliRunner().invoke(cli, ["index", str(corpus), "--no-debias", "--query-encoder", str(tiny_student),
+                                      "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "note: --no-debias sets a new index's default; this one searches with the correction on" in result.output
+    assert "note: --query-encoder sets a new index's query encoder; this one searches with" in result.output
+    fresh = CliRunner().invoke(cli, ["index", str(corpus), "--index", "other", "--model", str(tiny_model),
+                                     "--no-debias", "-q"], catch_exceptions=False)
+    assert fresh.exit_code == 0 and "note:" not in fresh.output

@@ -103,6 +103,15 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
     with Index.open(settings, create=True) as index:
         report = index.index_path(path, progress=not quiet)
         total = index.store.count()
+        built = index.manifest
+        # settings of a new index only: on an existing one they would be ignored without a word
+        if debias is not None and built.get("debias") != debias:
+            click.echo(f"note: --{'' if debias else 'no-'}debias sets a new index's default; this one searches "
+                       f"with the correction {'on' if built.get('debias') else 'off'} (give --"
+                       f"{'' if debias else 'no-'}debias to search)", err=True)
+        if common.get("query_encoder") and index.encoder.describe()["query_encoder"] != built.get("query_encoder"):
+            click.echo(f"note: --query-encoder sets a new index's query encoder; this one searches with "
+                       f"{built.get('query_encoder')} (give --query-encoder to search)", err=True)
     for problem in report.problems:
         click.echo(f"skipped {problem}", err=True)
     rate = report.documents / report.seconds if report.seconds else 0.0
