@@ -430,6 +430,14 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             index.encoder.encode_queries(["water", "water \udcff"])
         with pytest.raises(vecplug.VecplugError, match="a list of ids"):
             index.delete_documents("es1")
+        with pytest.raises(vecplug.VecplugError, match="a list of ids, not NoneType"):
+            index.delete_documents(None)  # type: ignore[arg-type]
+        with pytest.raises(vecplug.VecplugError, match=r"ids\[1\] is int, not a string"):
+            index.delete_documents(["es1", 3])  # type: ignore[list-item]
+        with pytest.raises(vecplug.VecplugError, match=r"documents\[0\] is str, not a vecplug.Document"):
+            index.add_documents(["water boils"])  # type: ignore[list-item]
+        with pytest.raises(vecplug.VecplugError, match="a list of vecplug.Document, not Document"):
+            index.add_documents(docs[0])  # type: ignore[arg-type]
         assert index.delete_documents(["es1", "nowhere", "es1"]) == 1
         assert index.store.count() == 3 and index.language_stats.counts.get("es", 0) == 0
     report = verify_index(settings)

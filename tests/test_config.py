@@ -192,3 +192,6 @@ def test_null_blank_and_huge_values_are_refused(tmp_path: Path) -> None:
         load_settings(environ={"VECPLUG_MODEL_THREADS": str(10**30)})
     with pytest.raises(ConfigError, match="search.k must be at most 2147483647"):
         load_settings(overrides={"search": {"k": 2**64}}, environ={})
+    # no scheme: taken for an index folder ("no vecplug index at localhost:6333")
+    with pytest.raises(ConfigError, match="index.url must start with http:// or https://"):
+        load_settings(environ={"VECPLUG_INDEX_URL": "localhost:6333"})

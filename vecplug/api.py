@@ -267,7 +267,17 @@ class Index:
     def add_documents(self, documents: Iterable[Document], *, lang: str | None = None,
                       progress: bool = False) -> IndexReport:
         """Encode and store documents (replacing those with the same id); commits at the end."""
-        return self._add(documents, lang=lang, progress=progress)
+        if isinstance(documents, (str, bytes, Document)) or not isinstance(documents, Iterable):
+            raise VecplugError(f"add_documents takes a list of vecplug.Document, not {type(documents).__name__}")
+
+        def checked() -> Iterator[Document]:
+            for i, doc in enumerate(documents):
+                if not isinstance(doc, Document):  # a text where a Document belongs: AttributeError
+                    raise VecplugError(f"documents[{i}] is {type(doc).__name__}, not a vecplug.Document "
+                                       "(Document(id=..., text=..., source=...))")
+                yield doc
+
+        return self._add(checked(), lang=lang, progress=progress)
 
     def delete_documents(self, ids: Iterable[str]) -> int:
         """Remove the documents with these ids (ids not in the index are ignored) and commit;
@@ -275,8 +285,12 @@ class Index:
         kept in step."""
         if not self.writable:
             raise VecplugError("the index was opened read-only")
-        if isinstance(ids, str):
-            raise VecplugError("delete_documents takes a list of ids")
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise VecplugError(f"delete_documents takes a list of ids, not {type(ids).__name__}")
+        ids = list(ids)
+        other = next((i for i, rid in enumerate(ids) if not isinstance(rid, str)), None)
+        if other is not None:
+            raise VecplugError(f"ids[{other}] is {type(ids[other]).__name__}, not a string")
         from vecplug.indexer.pipeline import remove, stamped
 
         try:

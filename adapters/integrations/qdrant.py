@@ -21,9 +21,8 @@ class QdrantSearcher:
         from vecplug.api import Index
         from vecplug.config import load_settings
 
-        settings = load_settings(overrides={"index": {"store": "qdrant", "url": "client://",
-                                                      "collection": collection},
-                                            "model": {"query": query}})
+        # the index is the caller's client's (no url, no folder: the store is given below)
+        settings = load_settings(overrides={"model": {"query": query}})
         store = QdrantStore.open("client://", {"client": client, "collection": collection})
         self.index = Index(settings, store, writable=False)
 
