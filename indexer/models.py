@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -325,8 +326,9 @@ def _default_prefixes(name: str, folder: Path) -> tuple[str, str]:
     meta = _read_meta(folder)
     if "query_prefix" in meta or "document_prefix" in meta:
         return meta.get("query_prefix", ""), meta.get("document_prefix", "")
+    parts = re.split(r"[-_. /]", name.lower())  # "multilingual-e5-small": e5; "base5": none
     for family, q, d in _KNOWN_PREFIXES:
-        if family in name.lower():
+        if family in parts:
             return q, d
     return "", ""
 

@@ -374,3 +374,7 @@ def test_default_prefixes_go_by_the_folders_name_not_the_spec(tiny_model: Path, 
     info = resolve_model("intfloat/multilingual-e5-small@main")
     assert (info.query_prefix, info.document_prefix) == e5
     assert resolve_model("org/tiny-bert").query_prefix == ""
+    # a name part, not any "e5" inside a word ("base5", "free5")
+    monkeypatch.setattr(models, "_download", lambda spec: tiny_model)
+    assert resolve_model("org/roberta-base5").query_prefix == ""
+    assert resolve_model("intfloat/e5-base-v2").query_prefix == "query: "
