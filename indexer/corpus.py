@@ -347,6 +347,9 @@ class CorpusReader:
             if bad_value:
                 self._report(rel, bad_value, lineno)
                 continue
+            keys = self._field_names(list(obj))
+            if keys != list(obj) and len(set(keys)) == len(keys):  # "Title" and "TITLE": as they are
+                obj = dict(zip(keys, obj.values()))
             doc = self._record(rel, lineno, obj)
             if doc is not None:
                 yield doc
@@ -382,15 +385,17 @@ class CorpusReader:
                 self._report(rel, _bad_text_reason(bad.group()), line)
                 continue
             if header is None:
-                row = self._csv_header(row)
-                twice = _first_duplicate(row)
+                names = self._field_names([name.strip() for name in row])
+                twice = _first_duplicate(names)
                 if twice is not None:
                     # a dict keeps the last one: the other column would be lost silently
                     self.unread.add(rel)  # its last good records stay
-                    self._report(rel, f"column {_short(twice)!r} appears twice in the header: "
-                                      "file skipped", line)
+                    cells = [_short(c.strip()) for c, n in zip(row, names) if n == twice]
+                    what = (f"column {cells[0]!r} appears twice" if len(set(cells)) == 1
+                            else f"columns {' and '.join(map(repr, cells))} name the same field {_short(twice)!r}")
+                    self._report(rel, f"{what} in the header: file skipped", line)
                     return
-                header = row
+                header = names
                 continue
             if len(row) > len(header):
                 self._report(rel, "row has more cells than the header", line)
@@ -399,12 +404,12 @@ class CorpusReader:
             if doc is not None:
                 yield doc
 
-    def _csv_header(self, row: list[str]) -> list[str]:
-        """Column names as the record fields are named: spreadsheets write ``Title`` and
-        ``id, text`` (spaces), which matched no field, so the text went to the payload unembedded.
-        A name is stripped, and lower-cased where that makes it a field no other column names."""
+    def _field_names(self, names: list[str]) -> list[str]:
+        """Record keys as the fields are named: spreadsheets and exports write ``Title`` or
+        ``URL``, which matched no field, so the text went to the payload unembedded and
+        unreported. A name is lower-cased where that makes it a field no other key names
+        (CSV headers are stripped first: ``id, text``)."""
         known = {"id", "lang", "url", *self.options.embed_fields}
-        names = [name.strip() for name in row]
         taken = set(names)
         return [name.lower() if name not in known and name.lower() in known - taken else name
                 for name in names]
@@ -778,7 +783,8 @@ def markdown_title(text: str) -> str | None:
             if line.rstrip() in ("---", "..."):
                 break
             m = _FRONT_TITLE.fullmatch(line.rstrip())
-            if m and not front:
+            if m and not front and not re.fullmatch(r"[>|][-+0-9]*", m.group(1).strip()):
+                # (a folded or literal block, "title: >", continues on the next lines: not read)
                 front = m.group(1).strip().strip("\"'").strip()
         else:  # never closed: not front matter
             lines_ = _lines_of(text)
@@ -789,7 +795,7 @@ def markdown_title(text: str) -> str | None:
     fence = ""
     for line in lines_:
         m = _FENCE.match(line)
-        if m:
+        if m and not (m.group(1)[0] == "`" and "`" in line[m.end():]):  # "```foo```": inline code
             mark = m.group(1)
             if not fence:
                 fence = mark

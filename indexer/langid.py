@@ -15,8 +15,11 @@ UNDETERMINED = "und"
 _KANA = re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
 _HAN = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]")
 _HANGUL = re.compile(r"[\uac00-\ud7af\u1100-\u11ff\u3130-\u318f]")
-# letters of other scripts (\w without digits, underscore and Han)
+# letters and words (2+ letters) of other scripts (\w without digits, underscore and Han)
 _NON_HAN_LETTER = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff]")
+_NON_HAN_WORD = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff]{2,}")
+#: other-script words from which a text's other part is a clause, not names ("MacBook Air 测评")
+CLAUSE_WORDS = 4
 _LETTER = re.compile(r"[^\W\d_]")
 _VARIETIES = {"wuu": "zh", "yue": "zh", "arz": "ar"}
 
@@ -51,11 +54,11 @@ class LanguageDetector:
             return UNDETERMINED
         lang = str(result[0]["lang"])
         # fastText calls short Chinese "ja", "de", "ko", "sr"... (6% of XQuAD-R's Chinese
-        # questions): text with no kana (Japanese) or hangul (Korean) whose Han characters
-        # outweigh its other letters, three letters to a character, is Chinese; English naming
-        # a Chinese company in Han characters is not
-        if (not _KANA.search(sample) and not _HANGUL.search(sample)
-                and len(_HAN.findall(sample)) >= max(1, len(_NON_HAN_LETTER.findall(sample)) / 3)):
+        # questions): text with no kana (Japanese) or hangul (Korean) is Chinese when its Han
+        # characters are as many as its other words (product names: "iPad Pro 评测"), or, once
+        # those make a clause, outweigh its other letters three to a character (English naming
+        # a Chinese company in Han characters is English)
+        if not _KANA.search(sample) and not _HANGUL.search(sample) and _is_chinese(sample):
             return "zh"
         # varieties that documents are rarely tagged with: the macrolanguage, so mono mode
         # finds documents
@@ -94,3 +97,11 @@ def one_language_per_file(documents: Iterable[Document], detect: Callable[[str],
             yield doc
     if pending:
         yield from flush()
+
+
+def _is_chinese(sample: str) -> bool:
+    han = len(_HAN.findall(sample))
+    words = len(_NON_HAN_WORD.findall(sample))
+    if words < CLAUSE_WORDS:
+        return han >= max(1, words)
+    return han >= len(_NON_HAN_LETTER.findall(sample)) / 3

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -219,6 +220,42 @@ def test_a_folder_around_the_first_becomes_the_first(tmp_path: Path, tiny_model:
     with vecplug.create_index(root, settings=settings) as index:
         assert index.report.removed == 1
         assert sorted(index.store.ids()) == ["other/o.txt#0", "sub/b.txt#0", "top.txt#0"]
+    # a first folder under a hidden one: the reader skips it, so it stays another folder (its
+    # documents renamed would have been pruned as gone, and indexed again by the next run)
+    hidden = tmp_path / "h"
+    (hidden / ".notes").mkdir(parents=True)
+    (hidden / ".notes" / "n.txt").write_text("a hidden note")
+    (hidden / "pub.txt").write_text("a public note")
+    three = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx3")},
+                                             "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(hidden / ".notes", settings=three):
+        pass
+    with vecplug.create_index(hidden, settings=three) as index:
+        assert index.report.removed == 0
+        assert sorted(index.store.ids()) == sorted(["n.txt#0", f"{hidden.resolve()}/pub.txt#0"])
+    # a run that fails after the renames leaves them under the folder that names them
+    failing = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx4")},
+                                               "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(root / "sub", settings=failing):
+        pass
+    with vecplug.open_index(settings=failing, writable=True) as index:
+        with pytest.raises(vecplug.ConfigError, match="the documents' language"):
+            index.index_path(root, lang="English")
+        assert sorted(index.store.ids()) == ["b.txt#0"]  # nothing renamed for a refused run
+        encode = index.encoder.encode_documents
+
+        def broken(texts: list[str], progress: bool | None = None) -> Any:
+            raise RuntimeError("the encoder fails")
+
+        index.encoder.encode_documents = broken  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            index.index_path(root)
+        index.encoder.encode_documents = encode  # type: ignore[method-assign]
+    with vecplug.open_index(settings=failing) as index:
+        assert index.manifest["source_root"] == str(root.resolve())
+        assert "sub/b.txt#0" in set(index.store.ids())
+    with vecplug.create_index(root, settings=failing) as index:
+        assert (index.report.removed, index.report.unchanged) == (0, 1)
     # a single file first, then its folder
     single = tmp_path / "single"
     single.mkdir()
@@ -409,6 +446,7 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
             index.search("agua", k=2**64)  # Qdrant: an OverflowError traceback
         with pytest.raises(vecplug.VecplugError, match="k must be an integer, not str"):
             index.search("agua", k="5")  # type: ignore[arg-type]
+        assert len(index.search("agua", k=np.int64(2))) == 2  # a numpy integer is an integer
         with pytest.raises(vecplug.VecplugError, match="one per query"):
             index.search_batch(["agua", "wasser"], langs=["es"])
         with pytest.raises(vecplug.VecplugError, match="a list of queries"):

@@ -110,7 +110,8 @@ def test_language_codes_are_normalised(tmp_path: Path) -> None:
     cfg.write_text("search: {langs: [no, da], lang: no}\n")  # YAML 1.1: an unquoted no is false
     s = load_settings(cfg, environ={})
     assert s.search.langs == ("no", "da") and s.search.lang == "no"
-    assert normalise_langs("yue,FIL,zh-Hant") == ("yue", "fil", "zh")
+    # three-letter codes of languages the detector names by two letters ("eng" matched nothing)
+    assert normalise_langs("eng,DEU,cmn,zh-Hant,fil,haw") == ("en", "de", "zh", "tl", "haw")
     # a name is not a code: stored as "english", it would match no detected language
     with pytest.raises(ConfigError, match="'English' is not a language code"):
         normalise_langs("de,English")

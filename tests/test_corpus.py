@@ -48,6 +48,8 @@ def test_markdown_titles() -> None:
     assert markdown_title("---\r\nlayout: post\r\ntitle: 'My Page'\r\n---\r\n# Other\r\n") == "My Page"
     assert markdown_title("---\nnot closed\n# Heading\n") == "Heading"  # a rule, not front matter
     assert markdown_title("text\n#no space\n#  Spaced  \n") == "Spaced"
+    assert markdown_title("```foo```\n# Title\n") == "Title"  # inline code, not a fence
+    assert markdown_title("---\ntitle: >\n  Folded\n---\n# Heading\n") == "Heading"  # not ">"
 
 
 def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:
@@ -57,6 +59,8 @@ def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:
     (tmp_path / "b.csv").write_text("ID,Title,Text,URL,Notes\n2,K2,Second highest,http://k,n\n")
     (tmp_path / "c.csv").write_text("id,title,Title\n3,lower,Upper\n")
     (tmp_path / "d.csv").write_text("id,text ,text\n4,a,b\n")
+    (tmp_path / "e.csv").write_text("id,TEXT,Text\n5,a,b\n")
+    (tmp_path / "f.jsonl").write_text('{"id": "6", "Title": "Everest", "Text": "the highest"}\n')
     docs, problems = read(tmp_path)
     by_id = {d.id: d for d in docs}
     assert by_id["a.csv#1"].text == "Everest\nThe highest mountain"
@@ -64,7 +68,9 @@ def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:
     assert by_id["b.csv#2"].payload == {"id": "2", "title": "K2", "url": "http://k", "Notes": "n"}
     assert by_id["c.csv#3"].text == "lower" and by_id["c.csv#3"].payload["Title"] == "Upper"
     assert [(p.path, p.reason) for p in problems] == [
-        ("d.csv", "column 'text' appears twice in the header: file skipped")]
+        ("d.csv", "column 'text' appears twice in the header: file skipped"),
+        ("e.csv", "columns 'TEXT' and 'Text' name the same field 'text' in the header: file skipped")]
+    assert by_id["f.jsonl#6"].text == "Everest\nthe highest"  # exports' keys too
 
 
 def test_formats_fields_and_ids(tmp_path: Path) -> None:

@@ -32,6 +32,10 @@ def test_detects_common_languages(detector: LanguageDetector) -> None:
     # Chinese that fastText calls German, and English naming a company in Han characters
     assert detector.detect("Energiprojekt AB公司位于何处?") == "zh"
     assert detector.detect("Alibaba Group (阿里巴巴集团) reported record revenue") == "en"
+    # Chinese queries naming products (fastText: hsb, af, ja, en)
+    for query in ("MacBook Air 测评", "iPad Pro 评测", "Apple Watch 表带", "Lenovo ThinkPad 键盘", "Canon EOS R5 评测"):
+        assert detector.detect(query) == "zh", query
+    assert detector.detect("Die Firma 华为 baut Telefone") == "de"
 
 
 @pytest.mark.slow

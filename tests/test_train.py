@@ -130,9 +130,8 @@ def test_validate_refuses_configs_that_cannot_run(tmp_path: Path, change: dict, 
     from vecplug.indexer.train import validate
 
     values = {"model": "m", "output": "o", "tasks": [{"data": "x"}]} | change
-    config = load_train_config(write_config(tmp_path / "c.yaml", **values))
-    with pytest.raises(ConfigError, match=message):
-        validate(config)
+    with pytest.raises(ConfigError, match=message):  # when loaded (a blank string) or checked
+        validate(load_train_config(write_config(tmp_path / "c.yaml", **values)))
 
 
 # -- the loop on a tiny model -------------------------------------------------------------

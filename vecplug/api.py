@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import operator
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -348,6 +349,10 @@ class Index:
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
         root, source_root = _corpus_root(path)
+        try:
+            lang = lang_code(lang)
+        except ValueError as exc:
+            raise ConfigError(f"the documents' language: {exc}") from None
         c, cut = self.settings.corpus, self.corpus_settings()
         reader = CorpusReader(root, self.encoder.document.offsets, CorpusOptions(
             chunk_tokens=cut["chunk_tokens"], chunk_overlap=cut["chunk_overlap"], embed_fields=cut["embed_fields"],
@@ -378,8 +383,18 @@ class Index:
             # for good (no later run owns them). It becomes the first folder: the documents
             # already held are renamed as it names them, with their vectors
             old_base = built_from if built_kind == "folder" else os.path.dirname(built_from)
-            if Path(old_base).is_relative_to(source_root):
+            inside = os.path.relpath(built_from, source_root).split(os.sep)
+            # not through a hidden folder or file: the reader skips those, so the renamed
+            # documents would be pruned (it stays another folder, as before)
+            if Path(old_base).is_relative_to(source_root) and not any(p.startswith(".") and p not in (".", "..")
+                                                                      for p in inside):
                 self._rebase(source_root, os.path.relpath(old_base, source_root))
+                # committed at once with the folder that names them: a run that fails or is
+                # interrupted later leaves renamed documents under the root that names them
+                from vecplug.indexer.pipeline import stamped
+
+                self.store.commit(stamped({"vecplug_version": __version__, **manifest, "source_root": source_root,
+                                           "source_kind": kind}, self.language_stats))
                 first = True
         if first:
             manifest["source_root"], manifest["source_kind"] = source_root, kind
@@ -513,8 +528,12 @@ class Index:
 
         s = self.settings.search
         k = s.k if k is None else k
-        if not isinstance(k, int) or isinstance(k, bool):
-            raise VecplugError(f"k must be an integer, not {type(k).__name__}")
+        try:
+            if isinstance(k, bool):
+                raise TypeError
+            k = operator.index(k)  # numpy integers too
+        except TypeError:
+            raise VecplugError(f"k must be an integer, not {type(k).__name__}") from None
         if not 1 <= k <= MAX_COUNT:
             raise VecplugError(f"k must be between 1 and {MAX_COUNT}, not {k}")
         if isinstance(queries, str) or isinstance(langs, str):

@@ -26,11 +26,31 @@ HNSW_DEFAULTS: dict[str, int] = {"M": 16, "ef_construction": 200, "ef_search": 1
 
 #: an ISO 639 code (1, 2 or 3: two or three letters), what the language detector writes
 _LANG_CODE = re.compile(r"[a-z]{2,3}")
+#: three-letter codes (ISO 639-2/B and /T, a few 639-3 individual languages, and the varieties
+#: the detector reports as their macrolanguage) of the languages that the detector (fastText
+#: lid.176) names by two letters: "eng" would match no detected "en". From pycountry's ISO 639
+#: tables, restricted to lid.176's labels.
+_THREE_TO_TWO: dict[str, str] = dict(pair.split(":") for pair in (
+    "afr:af alb:sq amh:am ara:ar arb:ar arg:an arm:hy arz:ar asm:as ava:av aze:az azj:az "
+    "bak:ba baq:eu bel:be ben:bn bod:bo bos:bs bre:br bul:bg bur:my cat:ca ces:cs che:ce "
+    "chi:zh chv:cv cmn:zh cor:kw cos:co cym:cy cze:cs dan:da deu:de div:dv dut:nl ekk:et "
+    "ell:el eng:en epo:eo est:et eus:eu fas:fa fil:tl fin:fi fra:fr fre:fr fry:fy geo:ka "
+    "ger:de gla:gd gle:ga glg:gl glv:gv gre:el grn:gn guj:gu hat:ht hbs:sh heb:he hin:hi "
+    "hrv:hr hun:hu hye:hy ice:is ido:io ile:ie ina:ia ind:id isl:is ita:it jav:jv jpn:ja "
+    "kan:kn kat:ka kaz:kk khk:mn khm:km kir:ky kom:kv kor:ko kur:ku lao:lo lat:la lav:lv "
+    "lim:li lit:lt ltz:lb lvs:lv mac:mk mal:ml mar:mr may:ms mkd:mk mlg:mg mlt:mt mon:mn "
+    "msa:ms mya:my nep:ne nld:nl nno:nn nob:no nor:no oci:oc ori:or oss:os pan:pa per:fa "
+    "pes:fa plt:mg pol:pl por:pt pus:ps que:qu roh:rm ron:ro rum:ro rus:ru san:sa sin:si "
+    "slk:sk slo:sk slv:sl snd:sd som:so spa:es sqi:sq srd:sc srp:sr sun:su swa:sw swe:sv "
+    "swh:sw tam:ta tat:tt tel:te tgk:tg tgl:tl tha:th tib:bo tuk:tk tur:tr uig:ug ukr:uk "
+    "urd:ur uzb:uz uzn:uz vie:vi vol:vo wel:cy wln:wa wuu:zh yid:yi yor:yo yue:zh zho:zh "
+    "zsm:ms "
+).split())
 
 
 def lang_code(code: str | None) -> str | None:
     """A language code as the language detector writes it: ``" pt-BR"`` -> ``"pt"``,
-    ``"ru_RU"`` -> ``"ru"``, blank -> None. Documents are tagged and filtered by these codes,
+    ``"ru_RU"`` -> ``"ru"``, ``"deu"`` -> ``"de"``, blank -> None. Documents are tagged and filtered by these codes,
     so a region or script subtag, a capital or a space would match nothing.
 
     Raises ValueError for what is not an ISO 639 code (``"English"``): stored as given, it
@@ -41,7 +61,7 @@ def lang_code(code: str | None) -> str | None:
     if primary and not _LANG_CODE.fullmatch(primary):
         raise ValueError(f"{str(code).strip()!r} is not a language code "
                          "(ISO 639, two or three letters: en, de, pt-BR, yue)")
-    return primary or None
+    return _THREE_TO_TWO.get(primary, primary) or None
 
 
 @dataclass(frozen=True)
