@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-import threading
+import weakref
 from typing import Any, Callable, TypeVar
 
 from vecplug.adapters.integrations import require
@@ -20,14 +20,17 @@ _T = TypeVar("_T")
 _A = TypeVar("_A")
 
 # LlamaIndex's aget_text_embedding_batch gathers every batch at once; the model already uses
-# every core, so concurrent encodes only contend. Async calls take turns (in their worker
-# threads, so the event loop goes on); synchronous callers are left as they are.
-_ASYNC_TURN = threading.Lock()
+# every core, so concurrent encodes only contend. Async calls take turns, waiting in the event
+# loop (a lock taken inside the worker threads would hold the loop's default executor threads
+# that the application's other to_thread work needs); synchronous callers are left as they are.
+_TURNS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
 
 
-def _in_turn(fn: Callable[[_A], _T], arg: _A) -> _T:
-    with _ASYNC_TURN:
-        return fn(arg)
+async def _in_turn(fn: Callable[[_A], _T], arg: _A) -> _T:
+    loop = asyncio.get_running_loop()
+    turn = _TURNS.setdefault(loop, asyncio.Lock())
+    async with turn:
+        return await asyncio.to_thread(fn, arg)
 
 
 class VecplugEmbedding(BaseEmbedding):
@@ -73,10 +76,10 @@ class VecplugEmbedding(BaseEmbedding):
     # async: the model runs in a worker thread (the event loop goes on), one batch per call
     # (LlamaIndex's default would gather one call per text), one call at a time
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return await asyncio.to_thread(_in_turn, self._get_query_embedding, query)
+        return await _in_turn(self._get_query_embedding, query)
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
-        return await asyncio.to_thread(_in_turn, self._get_text_embedding, text)
+        return await _in_turn(self._get_text_embedding, text)
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(_in_turn, self._get_text_embeddings, texts)
+        return await _in_turn(self._get_text_embeddings, texts)
