@@ -193,20 +193,26 @@ def test_a_moved_folder_is_still_the_index_s_own(tmp_path: Path, tiny_model: Pat
             f"n{i}.txt#0" for i in range(1, 5)])
 
 
+def _settings_at(index: Path, model: Path) -> vecplug.Settings:
+    return vecplug.load_settings(overrides={"index": {"path": str(index)}, "model": {"document": str(model)}})
+
+
+def _files(folder: Path, texts: dict[str, str]) -> Path:
+    for name, text in texts.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
 def test_a_folder_around_the_first_becomes_the_first(tmp_path: Path, tiny_model: Path) -> None:
     """A subfolder (or one file) indexed first, then its parent: the documents already held are
     renamed as the parent names them (their vectors kept), not indexed again beside themselves
     under absolute ids; a file deleted later goes (the old copy stayed for good)."""
-    root = tmp_path / "c"
-    (root / "sub").mkdir(parents=True)
-    (root / "sub" / "a.txt").write_text("the quick brown fox jumps")
-    (root / "sub" / "b.txt").write_text("water boils at one hundred degrees")
-    (root / "top.txt").write_text("a note at the top")
+    root = _files(tmp_path / "c", {"sub/a.txt": "the quick brown fox jumps", "top.txt": "a note at the top",
+                                   "sub/b.txt": "water boils at one hundred degrees",
+                                   "other/o.txt": "another folder inside the parent"})
     other = root / "other"
-    other.mkdir()
-    (other / "o.txt").write_text("another folder inside the parent")
-    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
-                                                "model": {"document": str(tiny_model)}})
+    settings = _settings_at(tmp_path / "idx", tiny_model)
     with vecplug.create_index(root / "sub", settings=settings):
         pass
     with vecplug.create_index(other, settings=settings) as index:  # another folder: absolute ids
@@ -222,20 +228,15 @@ def test_a_folder_around_the_first_becomes_the_first(tmp_path: Path, tiny_model:
         assert sorted(index.store.ids()) == ["other/o.txt#0", "sub/b.txt#0", "top.txt#0"]
     # a first folder under a hidden one: the reader skips it, so it stays another folder (its
     # documents renamed would have been pruned as gone, and indexed again by the next run)
-    hidden = tmp_path / "h"
-    (hidden / ".notes").mkdir(parents=True)
-    (hidden / ".notes" / "n.txt").write_text("a hidden note")
-    (hidden / "pub.txt").write_text("a public note")
-    three = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx3")},
-                                             "model": {"document": str(tiny_model)}})
+    hidden = _files(tmp_path / "h", {".notes/n.txt": "a hidden note", "pub.txt": "a public note"})
+    three = _settings_at(tmp_path / "idx3", tiny_model)
     with vecplug.create_index(hidden / ".notes", settings=three):
         pass
     with vecplug.create_index(hidden, settings=three) as index:
         assert index.report.removed == 0
         assert sorted(index.store.ids()) == sorted(["n.txt#0", f"{hidden.resolve()}/pub.txt#0"])
     # a run that fails after the renames leaves them under the folder that names them
-    failing = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx4")},
-                                               "model": {"document": str(tiny_model)}})
+    failing = _settings_at(tmp_path / "idx4", tiny_model)
     with vecplug.create_index(root / "sub", settings=failing):
         pass
     with vecplug.open_index(settings=failing, writable=True) as index:
@@ -257,12 +258,8 @@ def test_a_folder_around_the_first_becomes_the_first(tmp_path: Path, tiny_model:
     with vecplug.create_index(root, settings=failing) as index:
         assert (index.report.removed, index.report.unchanged) == (0, 1)
     # a single file first, then its folder
-    single = tmp_path / "single"
-    single.mkdir()
-    (single / "n.txt").write_text("a single note")
-    (single / "m.txt").write_text("its neighbour")
-    one = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx1")},
-                                           "model": {"document": str(tiny_model)}})
+    single = _files(tmp_path / "single", {"n.txt": "a single note", "m.txt": "its neighbour"})
+    one = _settings_at(tmp_path / "idx1", tiny_model)
     with vecplug.create_index(single / "n.txt", settings=one):
         pass
     with vecplug.create_index(single, settings=one) as index:
