@@ -80,6 +80,12 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
     return hits
 
 
+#: candidates below which their scores' spread says nothing of a reranker's scale
+MIN_SPREAD_SCORES = 5
+#: the smallest spread (standard deviation) of first-stage cosines the boost's rescaling assumes
+MIN_COSINE_SPREAD = 0.02
+
+
 def boost_on_scale(boost: float, before: Sequence[StoreHit], after: Sequence[StoreHit]) -> float:
     """``boost`` (in first-stage cosine units) on a reranker's scale: times the ratio of the
     spreads (standard deviations) of the same candidates' scores after and before reranking.
@@ -88,9 +94,11 @@ def boost_on_scale(boost: float, before: Sequence[StoreHit], after: Sequence[Sto
     first = np.asarray([h.score for h in before], dtype=np.float64)
     then = np.asarray([h.score for h in after], dtype=np.float64)
     first, then = first[np.isfinite(first)], then[np.isfinite(then)]
-    if len(first) < 2 or len(then) < 2 or first.std() <= 1e-9 or then.std() <= 1e-9:
+    # a spread needs a few scores, and near-tied first-stage scores would blow the ratio up
+    # (two candidates 0.001 apart made a boost of 500 logits): cosines spread at least this
+    if min(len(first), len(then)) < MIN_SPREAD_SCORES or then.std() <= 1e-9:
         return boost
-    return float(boost * then.std() / first.std())
+    return float(boost * then.std() / max(first.std(), MIN_COSINE_SPREAD))
 
 
 def apply_preference(hits: Sequence[StoreHit], query_lang: str | None, boost: float,

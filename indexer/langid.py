@@ -15,11 +15,10 @@ UNDETERMINED = "und"
 _KANA = re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
 _HAN = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]")
 _HANGUL = re.compile(r"[\uac00-\ud7af\u1100-\u11ff\u3130-\u318f]")
-# letters and words (2+ letters) of other scripts (\w without digits, underscore and Han)
-_NON_HAN_LETTER = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff]")
+# words (2+ letters) of other scripts (\w without digits, underscore and Han)
 _NON_HAN_WORD = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff]{2,}")
-#: other-script words from which a text's other part is a clause, not names ("MacBook Air 测评")
-CLAUSE_WORDS = 4
+# a name in a Chinese query: a Latin word with a capital ("MacBook", "iPad", "EOS")
+_NAME = re.compile(r"[A-Z][A-Za-z]*|[a-z]+[A-Z][A-Za-z]*")
 _LETTER = re.compile(r"[^\W\d_]")
 _VARIETIES = {"wuu": "zh", "yue": "zh", "arz": "ar"}
 
@@ -54,10 +53,7 @@ class LanguageDetector:
             return UNDETERMINED
         lang = str(result[0]["lang"])
         # fastText calls short Chinese "ja", "de", "ko", "sr"... (6% of XQuAD-R's Chinese
-        # questions): text with no kana (Japanese) or hangul (Korean) is Chinese when its Han
-        # characters are as many as its other words (product names: "iPad Pro 评测"), or, once
-        # those make a clause, outweigh its other letters three to a character (English naming
-        # a Chinese company in Han characters is English)
+        # questions, and queries naming products): see _is_chinese
         if not _KANA.search(sample) and not _HANGUL.search(sample) and _is_chinese(sample):
             return "zh"
         # varieties that documents are rarely tagged with: the macrolanguage, so mono mode
@@ -100,8 +96,15 @@ def one_language_per_file(documents: Iterable[Document], detect: Callable[[str],
 
 
 def _is_chinese(sample: str) -> bool:
+    """Han characters (and no kana or hangul, checked before) make a text Chinese when they are
+    three times as many as its words of other scripts, or as many when those words are all
+    names: Latin words with a capital ("iPad Pro 评测", "Lenovo ThinkPad 键盘"). Words of a
+    sentence ("Bedeutung von 谢谢", "история 饺子", English naming a company in Han characters)
+    leave the text to fastText."""
     han = len(_HAN.findall(sample))
-    words = len(_NON_HAN_WORD.findall(sample))
-    if words < CLAUSE_WORDS:
-        return han >= max(1, words)
-    return han >= len(_NON_HAN_LETTER.findall(sample)) / 3
+    words = _NON_HAN_WORD.findall(sample)
+    if not han:
+        return False
+    if han >= 3 * len(words):
+        return True
+    return han >= len(words) and all(_NAME.fullmatch(w) for w in words)

@@ -444,6 +444,8 @@ def test_documents_through_the_api_are_checked_and_can_be_deleted(tmp_path: Path
         with pytest.raises(vecplug.VecplugError, match="k must be an integer, not str"):
             index.search("agua", k="5")  # type: ignore[arg-type]
         assert len(index.search("agua", k=np.int64(2))) == 2  # a numpy integer is an integer
+        with pytest.raises(vecplug.ConfigError, match="rerank_depth must be an integer, not float"):
+            index.search("agua", rerank="teacher", rerank_depth=4.0)  # type: ignore[arg-type]
         with pytest.raises(vecplug.VecplugError, match="one per query"):
             index.search_batch(["agua", "wasser"], langs=["es"])
         with pytest.raises(vecplug.VecplugError, match="a list of queries"):
@@ -642,3 +644,24 @@ def test_where_the_index_goes(tmp_path: Path, tiny_model: Path, monkeypatch: pyt
                                                  "model": {"document": str(tiny_model)}}, environ={})
         with pytest.raises(vecplug.ConfigError, match="names a collection on a Qdrant server"):
             vecplug.create_index(settings=named)
+
+
+def test_a_failed_add_keeps_the_statistics_with_the_writes(tmp_path: Path, tiny_model: Path) -> None:
+    """A list is checked whole before anything is written; a stream that fails part-way leaves its
+    finished batches staged, and the statistics that count them stay with them (they were
+    dropped, so the next commit wrote 300 documents with statistics of 44)."""
+    from vecplug.verify import verify_index
+
+    settings = _settings_at(tmp_path / "idx", tiny_model)
+    docs = [Document(f"d{i}", f"water text number {i}", "api", i, "en") for i in range(300)]
+    with vecplug.create_index(settings=settings) as index:
+        with pytest.raises(vecplug.VecplugError, match=r"documents\[280\] is str"):
+            index.add_documents(docs[:280] + ["oops"] + docs[280:])  # type: ignore[list-item]
+        assert index.store.count() == 0
+        with pytest.raises(vecplug.VecplugError, match=r"documents\[280\] is str"):
+            index.add_documents(d for d in docs[:280] + ["oops"] + docs[280:])  # type: ignore[misc]
+        report = index.add_documents(docs)
+        assert index.store.count() == 300 and index.language_stats.counts == {"en": 300}
+        assert report.documents + report.unchanged == 300
+    report = verify_index(settings)
+    assert report.ok, report.problems

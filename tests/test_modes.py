@@ -314,3 +314,18 @@ def test_prefer_with_a_reranker(tmp_path: Path, tiny_model: Path, monkeypatch: p
         assert [h.id for h in wide] == [h.id for h in plain]
         assert [h.score for h in wide] == pytest.approx([100 * h.score for h in plain], rel=1e-4)
         assert _WideReranker.seen == [6]
+
+
+def test_the_boost_on_a_rerankers_scale_needs_a_spread() -> None:
+    """Two candidates 0.001 apart made a boost of 500 logits: a spread of a few scores, with a
+    floor for near-tied cosines."""
+    from vecplug.adapters.modes import boost_on_scale
+
+    def scored(scores: list[float]) -> list[StoreHit]:
+        return [StoreHit(Record(f"d{i}", "t", "s", i, "en"), s) for i, s in enumerate(scores)]
+
+    assert boost_on_scale(0.05, scored([0.801, 0.800]), scored([5.0, -5.0])) == 0.05
+    tied = boost_on_scale(0.05, scored([0.8001, 0.8, 0.7999, 0.8, 0.8]), scored([5, -5, 3, 1, 0]))
+    assert tied == pytest.approx(0.05 * np.std([5, -5, 3, 1, 0]) / 0.02)
+    spread = boost_on_scale(0.05, scored([0.9, 0.8, 0.7, 0.6, 0.5]), scored([9, 8, 7, 6, 5]))
+    assert spread == pytest.approx(0.05 * 10)

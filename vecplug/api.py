@@ -93,6 +93,16 @@ def _query_lang(value: str | None, i: int, count: int) -> str | None:
         raise ConfigError(f"the query's language: {exc}" if count == 1 else f"query {i}'s language: {exc}") from None
 
 
+def _integer(name: str, value: Any) -> int:
+    """``value`` as an int (numpy integers too); a float, a string or a bool refused."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, not {type(value).__name__}") from None
+
+
 def _blank(text: str) -> bool:
     """Nothing to search for: only white space and invisible format characters (bidi marks
     such as U+200F, zero-width joiners), which a copied right-to-left query may carry."""
@@ -271,14 +281,17 @@ class Index:
         if isinstance(documents, (str, bytes, Document)) or not isinstance(documents, Iterable):
             raise VecplugError(f"add_documents takes a list of vecplug.Document, not {type(documents).__name__}")
 
-        def checked() -> Iterator[Document]:
-            for i, doc in enumerate(documents):
-                if not isinstance(doc, Document):  # a text where a Document belongs: AttributeError
-                    raise VecplugError(f"documents[{i}] is {type(doc).__name__}, not a vecplug.Document "
-                                       "(Document(id=..., text=..., source=...))")
-                yield doc
+        def check(i: int, doc: Any) -> Document:
+            if not isinstance(doc, Document):  # a text where a Document belongs: AttributeError
+                raise VecplugError(f"documents[{i}] is {type(doc).__name__}, not a vecplug.Document "
+                                   "(Document(id=..., text=..., source=...))")
+            return doc
 
-        return self._add(checked(), lang=lang, progress=progress)
+        if isinstance(documents, Sequence):  # a list is checked whole, before anything is written
+            documents = [check(i, doc) for i, doc in enumerate(documents)]
+        else:  # a stream as it comes (what was written before stays staged, with its statistics)
+            documents = (check(i, doc) for i, doc in enumerate(documents))
+        return self._add(documents, lang=lang, progress=progress)
 
     def delete_documents(self, ids: Iterable[str]) -> int:
         """Remove the documents with these ids (ids not in the index are ignored) and commit;
@@ -321,8 +334,10 @@ class Index:
                 stats=self.language_stats, prune=prune, keep_sources=keep_sources, owns=owns,
                 may_own=may_own)
         finally:
-            # the stats may hold writes that were not committed: re-read them when needed
-            self._stats = self._means = None
+            # the statistics stay with the writes: committed, or (a failed run) staged in the
+            # store, where the next commit through this handle writes them with these; the means
+            # follow them when next needed
+            self._means = None
 
     def index_path(self, path: str | Path, *, lang: str | None = None,
                    progress: bool = False) -> IndexReport:
@@ -348,6 +363,8 @@ class Index:
 
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
+        if not self.writable:  # before anything is read or renamed
+            raise VecplugError("the index was opened read-only")
         root, source_root = _corpus_root(path)
         try:
             lang = lang_code(lang)
@@ -527,13 +544,7 @@ class Index:
         from vecplug.adapters import modes
 
         s = self.settings.search
-        k = s.k if k is None else k
-        try:
-            if isinstance(k, bool):
-                raise TypeError
-            k = operator.index(k)  # numpy integers too
-        except TypeError:
-            raise VecplugError(f"k must be an integer, not {type(k).__name__}") from None
+        k = _integer("k", s.k if k is None else k)
         if not 1 <= k <= MAX_COUNT:
             raise VecplugError(f"k must be between 1 and {MAX_COUNT}, not {k}")
         if isinstance(queries, str) or isinstance(langs, str):
@@ -563,7 +574,7 @@ class Index:
         ef = s.ef if ef is None else ef
         if ef is not None and ef < 1:
             raise ConfigError(f"ef must be at least 1, not {ef}")
-        rerank_depth = s.rerank_depth if rerank_depth is None else rerank_depth
+        rerank_depth = _integer("rerank_depth", s.rerank_depth if rerank_depth is None else rerank_depth)
         if rerank_depth < 1:
             raise ConfigError(f"rerank_depth must be at least 1, not {rerank_depth}")
         reranker = self._reranker(rerank if rerank is not None else s.rerank)

@@ -205,7 +205,7 @@ class Settings:
         if self.model.runtime not in (None, *RUNTIMES):
             raise ConfigError(f"model.runtime must be one of {', '.join(RUNTIMES)}, not '{self.model.runtime}'")
         # NaN would leave the scores unsortable; inf would tie every same-language answer
-        if self.index.url is not None and not self.index.url.startswith(("http://", "https://")):
+        if self.index.url is not None and not self.index.url.lower().startswith(("http://", "https://")):
             # without a scheme it was taken for a folder: "no vecplug index at localhost:6333"
             raise ConfigError(f"index.url must start with http:// or https://, not {self.index.url!r} "
                               "(e.g. http://localhost:6333)")

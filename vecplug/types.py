@@ -30,7 +30,7 @@ _LANG_CODE = re.compile(r"[a-z]{2,3}")
 #: the detector reports as their macrolanguage) of the languages that the detector (fastText
 #: lid.176) names by two letters: "eng" would match no detected "en". From pycountry's ISO 639
 #: tables, restricted to lid.176's labels.
-_THREE_TO_TWO: dict[str, str] = dict(pair.split(":") for pair in (
+_AS_DETECTED: dict[str, str] = dict(pair.split(":") for pair in (
     "afr:af alb:sq amh:am ara:ar arb:ar arg:an arm:hy arz:ar asm:as ava:av aze:az azj:az "
     "bak:ba baq:eu bel:be ben:bn bod:bo bos:bs bre:br bul:bg bur:my cat:ca ces:cs che:ce "
     "chi:zh chv:cv cmn:zh cor:kw cos:co cym:cy cze:cs dan:da deu:de div:dv dut:nl ekk:et "
@@ -46,6 +46,9 @@ _THREE_TO_TWO: dict[str, str] = dict(pair.split(":") for pair in (
     "urd:ur uzb:uz uzn:uz vie:vi vol:vo wel:cy wln:wa wuu:zh yid:yi yor:yo yue:zh zho:zh "
     "zsm:ms "
 ).split())
+# two-letter codes the detector writes otherwise: Norwegian Bokmål (nb-NO), and the ISO 639-1
+# codes withdrawn in 1989 that old systems still send
+_AS_DETECTED.update({"nb": "no", "iw": "he", "in": "id", "ji": "yi"})
 
 
 def lang_code(code: str | None) -> str | None:
@@ -61,7 +64,7 @@ def lang_code(code: str | None) -> str | None:
     if primary and not _LANG_CODE.fullmatch(primary):
         raise ValueError(f"{str(code).strip()!r} is not a language code "
                          "(ISO 639, two or three letters: en, de, pt-BR, yue)")
-    return _THREE_TO_TWO.get(primary, primary) or None
+    return _AS_DETECTED.get(primary, primary) or None
 
 
 @dataclass(frozen=True)
