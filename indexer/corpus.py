@@ -408,8 +408,10 @@ class CorpusReader:
         """Record keys as the fields are named: spreadsheets and exports write ``Title`` or
         ``URL``, which matched no field, so the text went to the payload unembedded and
         unreported. A name is lower-cased where that makes it a field no other key names
-        (CSV headers are stripped first: ``id, text``)."""
-        known = {"id", "lang", "url", *self.options.embed_fields}
+        (CSV headers are stripped first: ``id, text``). Not ``ID``: an export's ``ID`` is often
+        a product's or a user's, repeated or a float, and taken for the record's id it would
+        drop records (a repeated id keeps its first record)."""
+        known = {"lang", "url", *self.options.embed_fields}
         taken = set(names)
         return [name.lower() if name not in known and name.lower() in known - taken else name
                 for name in names]

@@ -56,11 +56,13 @@ def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:
     """Spreadsheet headers (" text", "Title", "URL") name the fields: the text went to the payload,
     unembedded and unreported. A column that only differs by case from another keeps its name."""
     (tmp_path / "a.csv").write_text("id,title, text\n1,Everest,The highest mountain\n")
-    (tmp_path / "b.csv").write_text("ID,Title,Text,URL,Notes\n2,K2,Second highest,http://k,n\n")
+    (tmp_path / "b.csv").write_text("id,Title,Text,URL,Notes\n2,K2,Second highest,http://k,n\n")
     (tmp_path / "c.csv").write_text("id,title,Title\n3,lower,Upper\n")
     (tmp_path / "d.csv").write_text("id,text ,text\n4,a,b\n")
     (tmp_path / "e.csv").write_text("id,TEXT,Text\n5,a,b\n")
-    (tmp_path / "f.jsonl").write_text('{"id": "6", "Title": "Everest", "Text": "the highest"}\n')
+    (tmp_path / "f.jsonl").write_text('{"id": "6", "Title": "Everest", "Text": "the highest"}\n'
+                                      '{"ID": 1.5, "text": "an export\'s ID is no record id"}\n'
+                                      '{"ID": 1.5, "text": "so a repeated one loses nothing"}\n')
     docs, problems = read(tmp_path)
     by_id = {d.id: d for d in docs}
     assert by_id["a.csv#1"].text == "Everest\nThe highest mountain"
@@ -71,6 +73,7 @@ def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:
         ("d.csv", "column 'text' appears twice in the header: file skipped"),
         ("e.csv", "columns 'TEXT' and 'Text' name the same field 'text' in the header: file skipped")]
     assert by_id["f.jsonl#6"].text == "Everest\nthe highest"  # exports' keys too
+    assert by_id["f.jsonl#L2"].payload["ID"] == 1.5 and "f.jsonl#L3" in by_id
 
 
 def test_formats_fields_and_ids(tmp_path: Path) -> None:

@@ -204,11 +204,11 @@ class Settings:
                               f"not '{self.model.document_quantize}'")
         if self.model.runtime not in (None, *RUNTIMES):
             raise ConfigError(f"model.runtime must be one of {', '.join(RUNTIMES)}, not '{self.model.runtime}'")
-        # NaN would leave the scores unsortable; inf would tie every same-language answer
         if self.index.url is not None and not self.index.url.lower().startswith(("http://", "https://")):
             # without a scheme it was taken for a folder: "no vecplug index at localhost:6333"
             raise ConfigError(f"index.url must start with http:// or https://, not {self.index.url!r} "
                               "(e.g. http://localhost:6333)")
+        # NaN would leave the scores unsortable; inf would tie every same-language answer
         if not math.isfinite(self.search.prefer_boost):
             raise ConfigError(f"search.prefer_boost must be a finite number, not {self.search.prefer_boost}")
         if self.corpus.chunk_overlap is not None and self.corpus.chunk_overlap < 0:
