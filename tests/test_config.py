@@ -198,3 +198,14 @@ def test_null_blank_and_huge_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="index.url must start with http:// or https://"):
         load_settings(environ={"VECPLUG_INDEX_URL": "localhost:6333"})
     assert load_settings(environ={"VECPLUG_INDEX_URL": "HTTP://localhost:6333"}).index.url  # any case
+
+
+def test_an_empty_prefix_is_a_value(tmp_path: Path) -> None:
+    """A blank setting means its default everywhere, except the prefixes: there "" is no prefix
+    (a model named like E5 but trained without them could not be given none)."""
+    assert load_settings(environ={"VECPLUG_MODEL_QUERY_PREFIX": ""}).model.query_prefix == ""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('model: {document_prefix: "", query_prefix: null}\n')
+    s = load_settings(cfg, environ={})
+    assert (s.model.document_prefix, s.model.query_prefix) == ("", None)
+    assert load_settings(environ={"VECPLUG_MODEL_THREADS": ""}).model.threads is None

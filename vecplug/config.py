@@ -39,6 +39,8 @@ QUANTIZE = ("auto", "none", "int8")
 RUNTIMES = ("torch", "onnx")
 #: field metadata of a language code setting, normalised as :func:`normalise_langs` does
 LANG_CODES: Mapping[str, Any] = {"lang_codes": True}
+#: field metadata of a setting where "" is a value (no prefix), not "unset"
+BLANK_IS_VALUE: Mapping[str, Any] = {"blank_is_value": True}
 
 
 def normalise_langs(value: str | Iterable[Any] | None) -> tuple[str, ...]:
@@ -96,8 +98,10 @@ class ModelSettings:
     #: vectors would not match those it holds)
     query_max_length: int | None = None
     document_max_length: int | None = None
-    query_prefix: str | None = None
-    document_prefix: str | None = None
+    #: prefixes put before each query and document (None: the index's, else the model's, such as
+    #: E5's "query: "); an empty string is a value here: no prefix
+    query_prefix: str | None = field(default=None, metadata=BLANK_IS_VALUE)
+    document_prefix: str | None = field(default=None, metadata=BLANK_IS_VALUE)
     batch_tokens: int = 8192
     threads: int | None = None
     #: the query encoder's weights: ``int8`` (torch dynamic quantisation of its linear layers:
@@ -328,7 +332,9 @@ def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
     changes = {}
     for k, v in values.items():
-        if fields[k].metadata.get("lang_codes"):
+        if fields[k].metadata.get("blank_is_value") and isinstance(v, str) and not v:
+            changes[k] = ""  # an empty prefix, where "" elsewhere means the default
+        elif fields[k].metadata.get("lang_codes"):
             # every source (flag, env, YAML) gives codes the way the index stores them: " FR" -> "fr"
             changes[k] = _lang_codes(_coerce(_norwegian(v), hints[k], f"{where}.{k}"), f"{where}.{k}")
         else:
