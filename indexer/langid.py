@@ -17,8 +17,22 @@ _HAN = re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]")
 _HANGUL = re.compile(r"[\uac00-\ud7af\u1100-\u11ff\u3130-\u318f]")
 # words (2+ letters) of other scripts (\w without digits, underscore and Han)
 _NON_HAN_WORD = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff]{2,}")
-# a name in a Chinese query: a Latin word with a capital ("MacBook", "iPad", "EOS")
-_NAME = re.compile(r"[A-Z][A-Za-z]*|[a-z]+[A-Z][A-Za-z]*")
+# a name in a Chinese query: a word of ASCII letters ("MacBook", "ipad", "vpn", "EOS")...
+_NAME = re.compile(r"[A-Za-z]+")
+#: ...that is not one of the Latin-script languages' commonest function words, which make the
+#: other part a phrase ("meaning of 谢谢", "storia di 太极", "Die Firma 华为 baut Telefone")
+_FUNCTION_WORDS = frozenset("""
+a an and are as at by for from how in is of on or the to was what when where which who why with
+am auf das dem den der des die ein eine im ist mit und von was wer wie zu für
+au avec dans de du en est et la le les pour un une qui que
+al como con del el es las los para por una y
+che col con da dei della di gli il lo nel per sono
+ao com da das do dos em na no os um uma
+een het van voor
+""".split())
+#: at most this many names beside Han characters: more make a clause ("Alibaba Group reported
+#: record revenue")
+MAX_NAMES = 3
 _LETTER = re.compile(r"[^\W\d_]")
 _VARIETIES = {"wuu": "zh", "yue": "zh", "arz": "ar"}
 
@@ -97,14 +111,15 @@ def one_language_per_file(documents: Iterable[Document], detect: Callable[[str],
 
 def _is_chinese(sample: str) -> bool:
     """Han characters (and no kana or hangul, checked before) make a text Chinese when they are
-    three times as many as its words of other scripts, or as many when those words are all
-    names: Latin words with a capital ("iPad Pro 评测", "Lenovo ThinkPad 键盘"). Words of a
-    sentence ("Bedeutung von 谢谢", "история 饺子", English naming a company in Han characters)
-    leave the text to fastText."""
+    three times as many as its words of other scripts, or as many when those words are a few
+    names: words of ASCII letters, none a function word ("iPad Pro 评测", "vpn 推荐", "win10
+    激活"). Words of a phrase ("Bedeutung von 谢谢", "история 饺子", English naming a company
+    in Han characters) leave the text to fastText."""
     han = len(_HAN.findall(sample))
     words = _NON_HAN_WORD.findall(sample)
     if not han:
         return False
     if han >= 3 * len(words):
         return True
-    return han >= len(words) and all(_NAME.fullmatch(w) for w in words)
+    return (han >= len(words) and len(words) <= MAX_NAMES
+            and all(_NAME.fullmatch(w) and w.lower() not in _FUNCTION_WORDS for w in words))

@@ -95,7 +95,8 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         count_tokens: Callable[[], int] | None = None, stats: Any = None,
         prune: bool = False, keep_sources: Callable[[], Collection[str]] | None = None,
         owns: Callable[[Any], bool] | None = None,
-        may_own: Callable[[str], bool] | None = None) -> IndexReport:
+        may_own: Callable[[str], bool] | None = None,
+        on_torn: Callable[[], None] | None = None) -> IndexReport:
     """Index ``documents`` into ``store``; returns what was done and what was skipped.
 
     With ``prune`` the store ends up holding exactly ``documents`` among the records that
@@ -103,8 +104,10 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     the id first, so that the others' records are never read): every other such record is
     removed (in the final commit, so an interrupted run removes nothing), except records
     whose source is in ``keep_sources()`` (files that could not be read this time: their
-    last good version stays). Interrupted (Ctrl-C) while encoding, the run commits the
-    documents it finished before it stops, so the next run starts from there.
+    last good version stays). Interrupted (Ctrl-C) or failing (an error in the documents or
+    the encoder) between batches, the run commits the documents it finished before it stops,
+    so the next run starts from there; in the middle of a batch's writes, it commits nothing
+    and calls ``on_torn`` (the writes staged through the store are half done).
 
     ``stats`` (a :class:`vecplug.adapters.bias.LanguageStats` or anything with
     ``add(langs, vectors, sign)`` and ``to_manifest()``) is kept in step with what is
@@ -137,9 +140,13 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
             writer.writing = True  # from the first removal on: the final commit or nothing
             remove(store, gone, stats)
             report.removed = len(gone)
-    except KeyboardInterrupt:
-        # Ctrl-C mostly lands in the encoder: keep the documents finished so far
-        if writer.since_commit and not writer.writing:
+    except BaseException:
+        # Ctrl-C mostly lands in the encoder, an error in a document stream or the encoder:
+        # keep the documents finished so far (committed with the statistics that count them)
+        if writer.writing:
+            if on_torn is not None:
+                on_torn()  # staged writes half done: nothing more may be committed through them
+        elif writer.since_commit:
             writer.commit()
         raise
     finally:
@@ -202,13 +209,14 @@ class _Writer:
                                                          "vector: left out (a version already indexed stays)", d.position))
             self.seen.add(d.id)  # its last good version, if any, is not pruned as deleted
         keep = [d for d, good in zip(todo, ok) if good]
+        replaced = [existing[d.id] for d in keep if d.id in existing] if self.stats is not None else []
+        old = self.store.vectors([r.id for r in replaced]) if replaced else None  # before they change
         self.writing = True
-        if self.stats is not None:
-            replaced = [existing[d.id] for d in keep if d.id in existing]
-            if replaced:
-                self.stats.add([r.lang for r in replaced], self.store.vectors([r.id for r in replaced]), -1)
-            self.stats.add([d.lang for d in keep], vectors[ok])
         self.store.upsert([self.make_record(d) for d in keep], vectors[ok])
+        if self.stats is not None:  # after the writes: a refused upsert counts nothing
+            if replaced:
+                self.stats.add([r.lang for r in replaced], old, -1)
+            self.stats.add([d.lang for d in keep], vectors[ok])
         self.seen.update(d.id for d in keep)
         self.report.documents += len(keep)
         self.report.languages.update(d.lang or "und" for d in keep)

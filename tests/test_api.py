@@ -660,8 +660,48 @@ def test_a_failed_add_keeps_the_statistics_with_the_writes(tmp_path: Path, tiny_
         assert index.store.count() == 0
         with pytest.raises(vecplug.VecplugError, match=r"documents\[280\] is str"):
             index.add_documents(d for d in docs[:280] + ["oops"] + docs[280:])  # type: ignore[misc]
+        assert index.store.count() == 256  # the finished batch committed, with its statistics
+        assert index.search("water text", k=3)  # a search between: the means follow the commit
         report = index.add_documents(docs)
         assert index.store.count() == 300 and index.language_stats.counts == {"en": 300}
         assert report.documents + report.unchanged == 300
     report = verify_index(settings)
     assert report.ok, report.problems
+
+
+def test_payloads_json_cannot_carry_are_reported_and_a_torn_run_stops_the_handle(
+        tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A date or a numpy number in a payload failed half-way through hnswlib's writes (rows
+    staged without vectors: every later search failed); it is reported and the document
+    skipped. A run that stops in the middle of a batch's writes leaves the handle refusing
+    further writes rather than committing them half done."""
+    import datetime
+
+    from vecplug.verify import verify_index
+
+    settings = _settings_at(tmp_path / "idx", tiny_model)
+    docs = [Document(f"d{i}", f"water text number {i}", "api", i, "en") for i in range(10)]
+    odd = [Document("date", "a dated note", "api", 10, "en", {"when": datetime.date(2026, 1, 1)}),
+           Document("np", "a pandas number", "api", 11, "en", {"n": np.int64(3)})]
+    with vecplug.create_index(settings=settings) as index:
+        report = index.add_documents(docs[:5] + odd + docs[5:])
+        assert report.documents == 10
+        assert [p.reason for p in report.problems] == [
+            "document 'date': a value is a date, which JSON cannot carry (give strings, numbers, booleans, "
+            "lists and mappings): skipped",
+            "document 'np': a value is a int64, which JSON cannot carry (give strings, numbers, booleans, "
+            "lists and mappings): skipped"]
+        upsert = index.store.upsert
+
+        def torn(records: Any, vectors: Any) -> None:
+            upsert(records[:1], vectors[:1])
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(index.store, "upsert", torn)
+        with pytest.raises(OSError):
+            index.add_documents([Document("x", "a new one", "api", 12, "en"), Document("y", "another", "api", 13, "en")])
+        with pytest.raises(vecplug.VecplugError, match="stopped in the middle of its writes: open the index again"):
+            index.add_documents(docs)
+    assert verify_index(settings).ok
+    with vecplug.open_index(settings=settings) as index:
+        assert index.store.count() == 10

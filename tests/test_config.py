@@ -198,6 +198,9 @@ def test_null_blank_and_huge_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="index.url must start with http:// or https://"):
         load_settings(environ={"VECPLUG_INDEX_URL": "localhost:6333"})
     assert load_settings(environ={"VECPLUG_INDEX_URL": "HTTP://localhost:6333"}).index.url  # any case
+    from vecplug.adapters.stores.qdrant import _is_server
+
+    assert _is_server("HTTP://localhost:6333", {})  # and a server, not a folder named "HTTP:"
 
 
 def test_an_empty_prefix_is_a_value(tmp_path: Path) -> None:

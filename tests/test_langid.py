@@ -36,6 +36,8 @@ def test_detects_common_languages(detector: LanguageDetector) -> None:
     for query in ("MacBook Air 测评", "iPad Pro 评测", "Apple Watch 表带", "Lenovo ThinkPad 键盘", "Canon EOS R5 评测"):
         assert detector.detect(query) == "zh", query
     assert detector.detect("Die Firma 华为 baut Telefone") == "de"
+    for query in ("vpn 推荐", "win10 激活", "ipad 评测", "docker 安装", "macbook air m2 贴膜"):  # lower-case names
+        assert detector.detect(query) == "zh", query
     # other languages' queries about a Chinese word stay theirs
     for query, lang in (("Bedeutung von 谢谢", "de"), ("история 饺子", "ru"), ("storia di 太极", "it")):
         assert detector.detect(query) == lang, query

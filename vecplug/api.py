@@ -144,6 +144,8 @@ class Index:
         self._means: Any = None
         self._stats_commit: Any = None  # the store's commit token when the stats were read
         self._rerankers: dict[str, Any] = {}
+        #: a run stopped in the middle of a batch's writes: this handle writes no more
+        self._torn = False
         self.report: IndexReport | None = None
 
     # -- opening -----------------------------------------------------------
@@ -297,8 +299,7 @@ class Index:
         """Remove the documents with these ids (ids not in the index are ignored) and commit;
         returns how many were removed. The language statistics of the bias correction are
         kept in step."""
-        if not self.writable:
-            raise VecplugError("the index was opened read-only")
+        self._check_whole()
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise VecplugError(f"delete_documents takes a list of ids, not {type(ids).__name__}")
         ids = list(ids)
@@ -316,14 +317,23 @@ class Index:
             self._stats = self._means = None
         return len(records)
 
+    def _check_whole(self) -> None:
+        if not self.writable:
+            raise VecplugError("the index was opened read-only")
+        if self._torn:
+            raise VecplugError("an earlier run through this handle stopped in the middle of its writes: "
+                               "open the index again (its last commit is intact)")
+
+    def _tear(self) -> None:
+        self._torn = True
+
     def _add(self, documents: Iterable[Document], *, lang: str | None, progress: bool,
              manifest: dict[str, Any] | None = None, prune: bool = False,
              keep_sources: Any = None, owns: Any = None, may_own: Any = None) -> IndexReport:
         from vecplug.adapters.stores import Record
         from vecplug.indexer import pipeline
 
-        if not self.writable:
-            raise VecplugError("the index was opened read-only")
+        self._check_whole()
         encoder = self.encoder
         try:
             return pipeline.run(
@@ -332,12 +342,11 @@ class Index:
                 manifest={"vecplug_version": __version__, **(manifest or {})},
                 progress=progress, count_tokens=lambda: encoder.document.tokens_seen,
                 stats=self.language_stats, prune=prune, keep_sources=keep_sources, owns=owns,
-                may_own=may_own)
+                may_own=may_own, on_torn=self._tear)
         finally:
-            # the statistics stay with the writes: committed, or (a failed run) staged in the
-            # store, where the next commit through this handle writes them with these; the means
-            # follow them when next needed
-            self._means = None
+            # a run commits what it finished, even when it fails: the statistics are re-read
+            # from the commit when next needed
+            self._stats = self._means = None
 
     def index_path(self, path: str | Path, *, lang: str | None = None,
                    progress: bool = False) -> IndexReport:
@@ -363,8 +372,7 @@ class Index:
 
         from vecplug.indexer.corpus import SUFFIXES, CorpusOptions, CorpusReader
 
-        if not self.writable:  # before anything is read or renamed
-            raise VecplugError("the index was opened read-only")
+        self._check_whole()  # before anything is read or renamed
         root, source_root = _corpus_root(path)
         try:
             lang = lang_code(lang)

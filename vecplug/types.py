@@ -136,9 +136,15 @@ def unstorable(value: Any) -> str | None:
                 return f"its payload nests deeper than {MAX_PAYLOAD_DEPTH} levels"
             inner = item.values() if isinstance(item, dict) else item
             stack.extend((v, depth + 1) for v in inner)
+            if isinstance(item, dict) and not all(isinstance(k, str) for k in item):
+                return "a payload key is not a string"
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return f"a value is {item}, which JSON cannot carry"
         elif isinstance(item, int) and not isinstance(item, bool) and not lo <= item <= hi:
             return "an integer is outside signed 64 bits, which Qdrant cannot keep exactly"
+        elif not isinstance(item, (str, int, float, type(None))):
+            # a date, a numpy number (pandas), a set: JSON cannot carry it as it is
+            return (f"a value is a {type(item).__name__}, which JSON cannot carry (give strings, "
+                    "numbers, booleans, lists and mappings)")
     return None

@@ -766,10 +766,13 @@ class HnswStore(VectorStore):
         refuse_unstorable(records)  # what Qdrant cannot keep, no store keeps: all hold the same
         if not len(records):
             return
+        # every payload serialised before the first row is written: one that fails half-way
+        # left rows staged without their vectors in the graph
+        payloads = [json.dumps(rec.payload, ensure_ascii=False) for rec in records]
         with self._mutex:
             self._ensure_graph(len(records))
             labels = []
-            for rec in records:
+            for rec, payload in zip(records, payloads):
                 row = self._sql("SELECT label FROM records WHERE id = ?", (rec.id,))
                 if not row:
                     label = self._next_label
@@ -777,7 +780,6 @@ class HnswStore(VectorStore):
                 else:
                     label = row[0][0]
                 labels.append(label)
-                payload = json.dumps(rec.payload, ensure_ascii=False)
                 values = (label, rec.id, rec.text, rec.source, rec.position, rec.lang, payload)
                 self._sql(f"INSERT OR REPLACE INTO records({_COLUMNS}, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                           (*values, _row_crc(*values)))

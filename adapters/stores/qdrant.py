@@ -216,7 +216,7 @@ def _to_record(p: dict[str, Any]) -> Record:
 
 
 def _is_server(location: str, options: dict[str, Any]) -> bool:
-    return options.get("client") is not None or location.startswith(("http://", "https://"))
+    return options.get("client") is not None or location.lower().startswith(("http://", "https://"))
 
 
 def _scroll(page: Callable[[Any], tuple[list[Any], Any]]) -> Iterator[str]:
