@@ -181,8 +181,11 @@ def build_builtin(name: str, force: bool = False) -> Path:
                 replace_folder(tmp, target)
             else:
                 tmp.rename(target)
-        except OSError:
+        except OSError as exc:
             if not is_built(name):  # not someone else's finished build: a real failure
+                if target.exists():  # a folder of that name that is not a finished build
+                    raise ModelError(f"{target} exists and holds no finished build of {name}: remove it, "
+                                     f"or run: vecplug models build {name} --force") from exc
                 raise
         fsync_path(models_dir())
     finally:

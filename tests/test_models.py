@@ -99,3 +99,18 @@ def test_an_unwritable_home_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("VECPLUG_HOME", str(blocker / "home"))
     with pytest.raises(ModelError, match="cannot build me5-small into .*set VECPLUG_HOME to a folder you can write"):
         build_builtin("me5-small")
+
+
+def test_a_stray_folder_in_the_way_of_a_build_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """models/me5-small holding something else made the build fail with "Directory not empty"."""
+    from vecplug.errors import ModelError
+    from vecplug.indexer import models
+
+    monkeypatch.setitem(models.BUILTIN_MODELS, "me5-small", models.BUILTIN_MODELS["me5-small"].__class__(
+        **{**vars(models.BUILTIN_MODELS["me5-small"]), "builder": lambda folder: (folder / "config.json").write_text("{}")}))
+    stray = models.models_dir() / "me5-small"
+    stray.mkdir(parents=True)
+    (stray / "notes.txt").write_text("mine")
+    with pytest.raises(ModelError, match="holds no finished build of me5-small: remove it, or run: vecplug models "
+                                         "build me5-small --force"):
+        models.build_builtin("me5-small")
