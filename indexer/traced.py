@@ -59,12 +59,16 @@ def trace(model: Any, example: tuple[np.ndarray, np.ndarray], check: tuple[np.nd
     of another shape) is not the eager model's."""
     import torch
 
+    from vecplug.indexer.models import quiet_transformers
+
     forward = _forward(model)
     ids, mask = (torch.from_numpy(a) for a in example)
     check_ids, check_mask = (torch.from_numpy(a) for a in check)
     try:
         # outside inference mode: a graph traced inside it holds inference tensors
-        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        # quiet_transformers: the trace walks the model's attributes, and transformers' loss
+        # property logs "loss_type=None ... ForCausalLMLoss" on an encoder
+        with warnings.catch_warnings(), quiet_transformers(), torch.inference_mode(False), torch.no_grad():
             # TracerWarnings name the branches frozen (the check below is what decides), and
             # torch marks TorchScript as deprecated; neither is the user's business
             warnings.simplefilter("ignore")

@@ -116,3 +116,17 @@ def test_the_shipped_student_and_the_teacher_traced_give_their_eager_vectors(bui
         assert np.abs(one - np.vstack([e.encode_queries([t]) for t in SENTENCES])).max() < 1e-5
         assert np.abs(batch - e.encode_queries(SENTENCES)).max() < 1e-5
     assert enc.query_quantize == "int8"
+
+
+def test_tracing_says_nothing(tiny_model: Path, capfd: pytest.CaptureFixture[str],
+                              caplog: pytest.LogCaptureFixture) -> None:
+    """The trace walks the model's attributes, and transformers' loss property logged
+    "loss_type=None ... ForCausalLMLoss" on the third query of every process."""
+    enc = Encoder.from_specs(str(tiny_model))
+    capfd.readouterr()
+    caplog.clear()
+    for _ in range(traced.TRACE_AFTER + 1):
+        enc.encode_queries(["water boils"])
+    assert enc.query.graph is not None
+    assert "loss_type" not in capfd.readouterr().err  # transformers' own handler (pytest -s)
+    assert not [r for r in caplog.records if "loss_type" in r.getMessage()]
