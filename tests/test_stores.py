@@ -418,6 +418,27 @@ def test_qdrant_unreachable_server_is_named(monkeypatch: pytest.MonkeyPatch) -> 
     assert [str(w.message) for w in shown] == []  # the error alone, no client warning with it
 
 
+def test_a_callers_client_is_named_by_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unreachable server behind the caller's client (QdrantSearcher) was named "client://"."""
+    import re
+    import socket
+    import warnings
+
+    qdrant_client = pytest.importorskip("qdrant_client")
+    from vecplug.adapters.stores import qdrant
+    from vecplug.errors import VecplugError
+
+    monkeypatch.setattr(qdrant.time, "sleep", lambda seconds: None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the client's version check
+        client = qdrant_client.QdrantClient(url=url)
+        with pytest.raises(VecplugError, match=re.escape(f"qdrant unreachable at {url}")):
+            get_store_class("qdrant").open("client://", {"client": client, "collection": "c"})
+
+
 def test_qdrant_refusals_say_what_to_do() -> None:
     """A wrong API key (401) and a URL that is not Qdrant's (404) were tracebacks of the client's
     UnexpectedResponse; they are errors naming the URL, the answer and what to check."""

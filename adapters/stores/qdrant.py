@@ -298,6 +298,12 @@ class _Server:
         self.client = options.get("client") or QdrantClient(
             url=location, api_key=options.get("api_key"), timeout=options.get("timeout"),
             prefer_grpc=bool(options.get("prefer_grpc", False)))
+        if options.get("client") is not None:  # errors name the caller's server, not "client://"
+            given = getattr(self.client, "init_options", None) or {}
+            named = given.get("url") or given.get("host") or given.get("path") or given.get("location")
+            if named:
+                self.location = str(named)
+                self.where = f"collection '{self.name}' at {self.location}"
         # a caller's client in local mode (":memory:" or a path) searches exactly and warns
         # that it ignores search params: decided once here, so searches send none
         opts = getattr(self.client, "init_options", None) or {}
