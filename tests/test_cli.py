@@ -372,3 +372,21 @@ def test_settings_of_a_new_index_are_not_ignored_silently(corpus: Path, tiny_mod
     fresh = CliRunner().invoke(cli, ["index", str(corpus), "--index", "other", "--model", str(tiny_model),
                                      "--no-debias", "-q"], catch_exceptions=False)
     assert fresh.exit_code == 0 and "note:" not in fresh.output
+
+
+def test_verify_names_records_without_vectors(corpus: Path, tiny_model: Path) -> None:
+    """A record with no vector in the graph (a write torn half-way by an earlier version) made
+    verify raise a traceback ("Label not found") instead of reporting it."""
+    from vecplug.adapters.stores.hnsw import HnswStore
+
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    store = HnswStore.open(".vecplug", {}, writable=True)
+    try:
+        store._sql("INSERT INTO records(label, id, text, source, position, lang, payload, crc) "
+                   "VALUES (999, 'ghost', 'a ghost', 'api', 9, 'en', '{}', NULL)")
+        store._dirty = True
+        store.commit()
+    finally:
+        store.close()
+    out = run("verify", "--sample", "10", ok=False)
+    assert "document ghost: its record has no vector in the index" in out

@@ -82,6 +82,20 @@ def _count_check(store: Any, report: VerifyReport) -> list[str] | None:
     return ids
 
 
+def _with_vectors(store: Any, records: list[Any], report: VerifyReport) -> tuple[list[Any], Any]:
+    """The records whose vectors the store holds, with them; each of the others reported."""
+    import numpy as np
+
+    kept, vectors = [], []
+    for r in records:
+        try:
+            vectors.append(store.vectors([r.id])[0])
+            kept.append(r)
+        except (KeyError, RuntimeError):
+            report.problems.append(f"document {r.id}: its record has no vector in the index")
+    return kept, np.asarray(vectors, dtype=np.float32).reshape(len(kept), int(store.dim))
+
+
 def _vector_check(index: Any, ids: list[str], report: VerifyReport) -> None:
     import numpy as np
 
@@ -92,7 +106,10 @@ def _vector_check(index: Any, ids: list[str], report: VerifyReport) -> None:
     for start in range(0, len(ids), 4096):
         part = ids[start:start + 4096]
         records = store.get(part)
-        vectors = store.vectors([r.id for r in records])
+        try:
+            vectors = store.vectors([r.id for r in records])
+        except (KeyError, RuntimeError):  # hnswlib: "Label not found"; reported, not a traceback
+            records, vectors = _with_vectors(store, records, report)
         norms = np.linalg.norm(vectors, axis=1)
         wrong = ~np.isfinite(vectors).all(axis=1) | (np.abs(norms - 1) > 1e-3)
         for r in (r for r, w in zip(records, wrong) if w):
@@ -124,7 +141,12 @@ def _reencode_check(index: Any, ids: list[str], sample: int, report: VerifyRepor
     rng = np.random.default_rng(0)
     chosen = sorted(rng.choice(len(ids), size=min(sample, len(ids)), replace=False).tolist())
     records = index.store.get([ids[i] for i in chosen])
-    stored = index.store.vectors([r.id for r in records])
+    try:
+        stored = index.store.vectors([r.id for r in records])
+    except (KeyError, RuntimeError):  # records without vectors: reported by the vector check
+        records, stored = _with_vectors(index.store, records, VerifyReport(report.location))
+    if not records:
+        return
     fresh = index.encoder.encode_documents([r.text for r in records], progress=False)
     cosines = np.sum(stored * fresh, axis=1) / (
         np.linalg.norm(stored, axis=1) * np.linalg.norm(fresh, axis=1) + 1e-12)
