@@ -224,7 +224,9 @@ def list_models() -> list[dict[str, Any]]:
                                     f"layers ({', '.join(map(str, meta['layers']))}){default}"})
     if models_dir().is_dir():
         for d in sorted(models_dir().iterdir()):
-            if d.name not in BUILTIN_MODELS and not d.name.startswith(".") and d.is_dir():
+            # model folders only (a Hugging Face config or a student): not stray folders
+            if (d.name not in BUILTIN_MODELS and not d.name.startswith(".") and d.is_dir()
+                    and ((d / "config.json").is_file() or (d / "student.json").is_file())):
                 meta = _read_meta(d)
                 rows.append({"name": d.name, "built": True, "path": str(d),
                              "checksum": _listed_checksum(d),

@@ -112,7 +112,7 @@ def test_language_codes_are_normalised(tmp_path: Path) -> None:
     assert s.search.langs == ("no", "da") and s.search.lang == "no"
     # three-letter codes of languages the detector names by two letters ("eng" matched nothing)
     assert normalise_langs("eng,DEU,cmn,zh-Hant,fil,haw") == ("en", "de", "zh", "tl", "haw")
-    assert normalise_langs("nb-NO,iw,in") == ("no", "he", "id")  # as the detector writes them
+    assert normalise_langs("nb-NO,iw,in,mo") == ("no", "he", "id", "ro")  # as the detector writes them
     # a name is not a code: stored as "english", it would match no detected language
     with pytest.raises(ConfigError, match="'English' is not a language code"):
         normalise_langs("de,English")

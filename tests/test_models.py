@@ -73,8 +73,9 @@ def test_students_in_the_cache_are_listed_and_resolved_by_name(tiny_student: Pat
     (folder / "int8-peaks.safetensors").write_bytes((tiny_student / "student.safetensors").read_bytes())
     info = resolve_model("tiny-student-k1")
     assert info.path == folder.resolve() and info.teacher is not None
+    (models_dir() / "notes").mkdir()  # a stray folder is not a model
     rows = {r["name"]: r for r in list_models()}
-    assert rows["tiny-student-k1"]["checksum"] == info.checksum
+    assert rows["tiny-student-k1"]["checksum"] == info.checksum and "notes" not in rows
 
 
 def test_a_student_of_another_teacher_is_refused_when_named(tiny_student: Path) -> None:

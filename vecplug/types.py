@@ -48,7 +48,7 @@ _AS_DETECTED: dict[str, str] = dict(pair.split(":") for pair in (
 ).split())
 # two-letter codes the detector writes otherwise: Norwegian Bokmål (nb-NO), and the ISO 639-1
 # codes withdrawn in 1989 that old systems still send
-_AS_DETECTED.update({"nb": "no", "iw": "he", "in": "id", "ji": "yi"})
+_AS_DETECTED.update({"nb": "no", "iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"})
 
 
 def lang_code(code: str | None) -> str | None:
