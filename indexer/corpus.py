@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import json
 import math
 import os
@@ -347,9 +348,10 @@ class CorpusReader:
             if bad_value:
                 self._report(rel, bad_value, lineno)
                 continue
-            keys = self._field_names(list(obj))
-            if keys != list(obj) and len(set(keys)) == len(keys):  # "Title" and "TITLE": as they are
-                obj = dict(zip(keys, obj.values()))
+            if any(k not in self._known_fields and k.lower() in self._known_fields for k in obj):
+                keys = self._field_names(list(obj))  # an export's "Title": only then rebuilt
+                if len(set(keys)) == len(keys):  # "Title" and "TITLE": as they are
+                    obj = dict(zip(keys, obj.values()))
             doc = self._record(rel, lineno, obj)
             if doc is not None:
                 yield doc
@@ -411,10 +413,15 @@ class CorpusReader:
         (CSV headers are stripped first: ``id, text``). Not ``ID``: an export's ``ID`` is often
         a product's or a user's, repeated or a float, and taken for the record's id it would
         drop records (a repeated id keeps its first record)."""
-        known = {"lang", "url", *self.options.embed_fields}
+        known = self._known_fields
         taken = set(names)
         return [name.lower() if name not in known and name.lower() in known - taken else name
                 for name in names]
+
+    @functools.cached_property
+    def _known_fields(self) -> frozenset[str]:
+        """The record fields a key may name in another case (not ``id``: see _field_names)."""
+        return frozenset({"lang", "url", *self.options.embed_fields})
 
     def _record(self, rel: str, line: int, obj: dict[str, Any]) -> Document | None:
         fields = {k: v for k, v in obj.items() if v is not None}

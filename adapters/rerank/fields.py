@@ -202,11 +202,10 @@ class FieldAttentionReranker(Reranker):
         per_hit = [[self.field_texts(h.record) for h in cands] for cands in candidates]
         # a candidate read through its text alone (one field) has that vector stored: it was
         # encoded the same way, and encoding it again cost ~240 ms a query for nothing
-        stored = self._stored([h for cands, hits in zip(candidates, per_hit) for h, texts in zip(cands, hits)
-                               if texts == [h.record.text]], context)
+        pairs = [(h, texts) for cands, hits in zip(candidates, per_hit) for h, texts in zip(cands, hits)]
+        stored = self._stored([h for h, texts in pairs if texts == [h.record.text]], context)
         # one encoder call for every other field text of every query not already cached
-        vectors = self._embed([t for cands, hits in zip(candidates, per_hit) for h, texts in zip(cands, hits)
-                               if h.record.id not in stored for t in texts], context.encoder)
+        vectors = self._embed([t for h, texts in pairs if h.record.id not in stored for t in texts], context.encoder)
         out = []
         for q, cands, hits in zip(queries, candidates, per_hit):
             qv = np.asarray(q.vector, dtype=np.float32).reshape(-1)
@@ -239,11 +238,12 @@ class FieldAttentionReranker(Reranker):
         """A head trained over another document encoder reads vectors of another space."""
         if self.head_encoder is None or not hasattr(encoder, "describe"):
             return
-        found = encoder.describe().get("document_encoder_checksum")
+        described = encoder.describe()
+        found = described.get("document_encoder_checksum")
         if found is not None and found != self.head_encoder:
             raise ModelMismatchError(
                 f"field head {self.head} was trained over the document encoder {self.head_encoder}, "
-                f"the index's is {encoder.describe().get('document_encoder')} ({found})")
+                f"the index's is {described.get('document_encoder')} ({found})")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "fields": list(self.fields), "scale": self.scale,
