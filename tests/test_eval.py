@@ -718,10 +718,16 @@ def test_eval_index_ignores_the_user_s_store_and_corpus_settings(tmp_path: Path,
     # breadth here), the corpus ones still not
     from vecplug.evaluate import index_settings
 
-    monkeypatch.delenv("VECPLUG_INDEX_URL")
-    monkeypatch.delenv("VECPLUG_INDEX_STORE")
     kept = index_settings(str(tmp_path / "idx"), False, document=str(tiny_model))
     assert (kept.index.path, kept.index.hnsw_ef_search, kept.corpus.lang) == (str(tmp_path / "idx"), 512, None)
+    # ... but the folder is the index: a server URL in the user's settings does not take the
+    # dataset to the server (with the folder unused)
+    assert (kept.index.url, kept.index.store) == (None, "qdrant")
+    monkeypatch.setenv("VECPLUG_INDEX_STORE", "hnswlib")
+    report = evaluate(ds, make_runs([None], ["mono"]), model=str(tiny_model), command="test",
+                      index_dir=tmp_path / "idx")
+    assert report.index["path"] == str(tmp_path / "idx") and (tmp_path / "idx").is_dir()
+    assert report.results[0].summary["overall"]["mrr@10"] == pytest.approx(1.0)
     private = index_settings(str(tmp_path / "tmp"), True, document=str(tiny_model), query=None)
     assert private.index.hnsw_ef_search is None and private.model.document == str(tiny_model)
 

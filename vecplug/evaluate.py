@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from xml.sax.saxutils import escape
 
 from vecplug import metrics
-from vecplug.config import CorpusSettings, IndexSettings, Settings
+from vecplug.config import DEFAULT_COLLECTION, CorpusSettings, IndexSettings, Settings
 from vecplug.errors import ConfigError, VecplugError
 from vecplug.indexer.datasets import EvalDataset, EvalQuery
 from vecplug.report import fmt, header_markdown, markdown_table, pct
@@ -590,12 +590,17 @@ def index_settings(path: str, private: bool, **model: str | None) -> Settings:
     defaults': the dataset's documents carry their own languages, which ``corpus.lang`` would
     overwrite. A ``private`` (temporary) index takes the index section from the defaults as
     well, ``path`` aside, so that no store setting sends the dataset elsewhere (a Qdrant server
-    by ``index.url``); an index folder given to eval (``--index``) keeps the user's."""
+    by ``index.url``); an index folder given to eval (``--index``) keeps the user's store and
+    graph settings but is that folder: a server URL (and its collection and key) is dropped."""
     from vecplug.api import settings_for
 
     user = settings_for(path, model=model)
-    return dataclasses.replace(user, index=IndexSettings(path=path) if private else user.index,
-                               corpus=CorpusSettings())
+    if private:
+        index = IndexSettings(path=path)
+    else:
+        index = dataclasses.replace(user.index, path=path, url=None, api_key=None,
+                                    collection=DEFAULT_COLLECTION)
+    return dataclasses.replace(user, index=index, corpus=CorpusSettings())
 
 
 def _build_index(dataset: EvalDataset, settings: Settings, progress: bool,
