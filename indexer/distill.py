@@ -103,6 +103,21 @@ class DistillReport:
     losses: list[float] = field(default_factory=list)
 
 
+def default_student_folder(teacher: str, layers: int, dim: int | None = None,
+                           ffn_width: int | None = None) -> Path:
+    """Where ``vecplug distill`` writes a student without ``--out``:
+    ``$VECPLUG_HOME/models/TEACHER-student-kN[-dD][-wW]``, which ``models list`` shows and
+    ``--query-encoder`` takes by name. A name the package already ships (its default student)
+    gets ``-local``: by name, the shipped student would be found instead of the new one."""
+    from vecplug.indexer.models import BUILTIN_MODELS, BUILTIN_STUDENTS, models_dir
+
+    base = Path(teacher).name if Path(teacher).exists() else teacher.replace("/", "--")
+    name = f"{base}-student-k{layers}{f'-d{dim}' if dim else ''}{f'-w{ffn_width}' if ffn_width else ''}"
+    if name in BUILTIN_STUDENTS or name in BUILTIN_MODELS:
+        name += "-local"
+    return models_dir() / name
+
+
 # -- training data ---------------------------------------------------------------------
 
 def tatoeba_pairs(folder: Path, problems: list[Problem] | None = None) -> list[tuple[str, str, str]]:

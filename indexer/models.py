@@ -227,10 +227,12 @@ def list_models() -> list[dict[str, Any]]:
             # model folders only (a Hugging Face config or a student): not stray folders
             if (d.name not in BUILTIN_MODELS and not d.name.startswith(".") and d.is_dir()
                     and ((d / "config.json").is_file() or (d / "student.json").is_file())):
-                meta = _read_meta(d)
+                description = _read_meta(d).get("description", "")
+                if d.name in BUILTIN_STUDENTS:  # resolve_model takes the shipped one by this name
+                    description = (f"{description}; " if description else "") + (
+                        "the shipped student of this name is found by name: give this one's path")
                 rows.append({"name": d.name, "built": True, "path": str(d),
-                             "checksum": _listed_checksum(d),
-                             "description": meta.get("description", "")})
+                             "checksum": _listed_checksum(d), "description": description})
     return rows
 
 

@@ -78,6 +78,26 @@ def test_students_in_the_cache_are_listed_and_resolved_by_name(tiny_student: Pat
     assert rows["tiny-student-k1"]["checksum"] == info.checksum and "notes" not in rows
 
 
+def test_a_distilled_student_never_takes_a_shipped_student_s_name(tiny_student: Path) -> None:
+    """``vecplug distill -k 6`` from me5-small wrote $VECPLUG_HOME/models/me5-small-student-k6,
+    the shipped student's name: by that name the shipped one was found, and `models list`
+    showed two rows of one name. The default folder gets -local; a folder of that name made
+    otherwise is listed as found by its path only."""
+    import shutil
+
+    from vecplug.indexer.distill import default_student_folder
+    from vecplug.indexer.models import BUILTIN_STUDENTS, list_models, models_dir
+
+    shipped = next(iter(BUILTIN_STUDENTS))
+    layers = int(shipped.rsplit("-k", 1)[1])
+    assert default_student_folder("me5-small", layers) == models_dir() / f"{shipped}-local"
+    assert default_student_folder("me5-small", 2) == models_dir() / "me5-small-student-k2"
+    assert default_student_folder("org/model", 3, dim=128).name == "org--model-student-k3-d128"
+    shutil.copytree(tiny_student, models_dir() / shipped)
+    rows = [r for r in list_models() if r["name"] == shipped]
+    assert len(rows) == 2 and "found by name: give this one's path" in rows[1]["description"]
+
+
 def test_a_student_of_another_teacher_is_refused_when_named(tiny_student: Path) -> None:
     """A student whose recorded teacher checksum is not its teacher's is refused at once (an
     index made with it recorded it, and failed at every search)."""

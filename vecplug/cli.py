@@ -261,7 +261,9 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
                                      "teacher's layers, e.g. with --ffn-width to narrow a trained student.")
 @click.option("--ffn-width", type=int, help="Feed-forward neurons kept per layer (me5-small has 1536), the ones "
                                             "contributing most on the training texts: faster queries.")
-@click.option("--out", type=click.Path(file_okay=False), help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN].")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN; -local added to a "
+                   "name the package ships].")
 @click.option("--stop-after", type=click.IntRange(min=1), help="Stop after N steps (checkpointed; rerun to resume).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_errors
@@ -275,16 +277,13 @@ def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | Non
     """
     from pathlib import Path
 
-    from vecplug.indexer.distill import DistillConfig, distill
-    from vecplug.indexer.models import models_dir
+    from vecplug.indexer.distill import DistillConfig, default_student_folder, distill
 
     config = DistillConfig(teacher=teacher, layers=layers, layer_choice=layer_choice, epochs=epochs,
                            batch_size=batch_size, learning_rate=learning_rate, max_texts=max_texts,
                            seed=seed, tatoeba=tatoeba, texts=texts, dim=dim, ffn_width=ffn_width, init=init,
                            contrastive_weight=contrastive_weight)
-    name = Path(teacher).name if Path(teacher).exists() else teacher.replace("/", "--")
-    folder = Path(out) if out else models_dir() / (f"{name}-student-k{layers}{f'-d{dim}' if dim else ''}"
-                                                   f"{f'-w{ffn_width}' if ffn_width else ''}")
+    folder = Path(out) if out else default_student_folder(teacher, layers, dim, ffn_width)
     report = distill(config, folder, progress=not quiet, command="vecplug " + " ".join(sys.argv[1:]),
                      log=lambda m: click.echo(m, err=True), stop_after=stop_after)
     if report is None:
