@@ -67,7 +67,8 @@ class TaskConfig:
     #: draw each batch from one ``group`` value of the data (subforum, tag)
     by_group: bool = False
     max_examples: int | None = None
-    #: Tatoeba only: these languages (3-letter codes as in the file names)
+    #: Tatoeba only: these languages (3-letter codes as in the file names, or their usual
+    #: codes: ``de`` for ``deu``)
     langs: tuple[str, ...] = ()
     mine: MiningConfig | None = None
     #: prefixes of the two sides: "query", "document" or a literal string

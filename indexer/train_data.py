@@ -400,6 +400,17 @@ def tatoeba_files(folder: Path) -> list[tuple[str, Path, Path]]:
     return out
 
 
+def _tatoeba_lang(name: str) -> str:
+    """The language code of a Tatoeba file's language (``deu`` -> ``de``); a name that is no
+    code stays as it is (it names a file, not a document language)."""
+    from vecplug.types import lang_code
+
+    try:
+        return lang_code(name) or name
+    except ValueError:
+        return name
+
+
 def _file_lines(path: Path, problems: list[Problem] | None) -> list[str | None]:
     # every line, numbered by position; an undecodable one is None (and reported)
     out: list[str | None] = []
@@ -435,31 +446,36 @@ def tatoeba_lines(other: Path, eng: Path, problems: list[Problem] | None = None)
 def load_tatoeba(folder: str | Path, *, max_pairs: int | None = None, seed: int = 0,
                  langs: Sequence[str] | None = None,
                  problems: list[Problem] | None = None) -> list[Example]:
-    """Tatoeba translation pairs as Examples: anchor the English sentence (``anchor_lang``
-    "eng"), positive its translation (``positive_lang`` the file's 3-letter code), ``where``
-    the translation file and line.
+    """Tatoeba translation pairs as Examples: anchor the English sentence, positive its
+    translation, ``where`` the translation file and line. Their languages are codes as the
+    language detector and the rest of the data give them (:func:`~vecplug.types.lang_code`:
+    ``eng`` -> ``en``, ``deu`` -> ``de``, ``cmn``/``yue``/``wuu`` -> ``zh``), so that Tatoeba
+    and a user's data of one language are one language when batches are composed by language.
 
     The files and pairs are those of :func:`vecplug.indexer.distill.tatoeba_pairs` (both read
-    by :func:`tatoeba_lines`). ``langs`` picks languages (3-letter codes; unknown ones raise
-    :class:`ConfigError`). ``max_pairs`` keeps a seeded sample spread over the languages in
-    proportion to their pair counts (file order kept). Files of different lengths and
-    undecodable lines are reported in ``problems`` when it is given.
+    by :func:`tatoeba_lines`). ``langs`` picks languages, by the files' 3-letter codes or by
+    those codes (``de`` picks ``deu``; unknown ones raise :class:`ConfigError`). ``max_pairs``
+    keeps a seeded sample spread over the files in proportion to their pair counts (file order
+    kept). Files of different lengths and undecodable lines are reported in ``problems`` when
+    it is given.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"Tatoeba folder not found: {folder}")
     files = tatoeba_files(folder)
     if langs:
-        known = {lang for lang, _, _ in files}
+        known = {lang for lang, _, _ in files} | {_tatoeba_lang(lang) for lang, _, _ in files}
         unknown = [lang for lang in langs if lang not in known]
         if unknown:
             raise ConfigError(f"no Tatoeba files for {', '.join(unknown)} in {folder} "
                               f"(available: {', '.join(sorted(known)) or 'none'})")
-        files = [f for f in files if f[0] in set(langs)]
-    by_lang: dict[str, list[Example]] = {}
+        files = [f for f in files if f[0] in set(langs) or _tatoeba_lang(f[0]) in set(langs)]
+    english = _tatoeba_lang("eng")
+    by_lang: dict[str, list[Example]] = {}  # by file: the sample's quotas are per file
     for lang, other, eng in files:
+        code = _tatoeba_lang(lang)
         by_lang.setdefault(lang, []).extend(
-            Example(anchor=e, positives=(x,), anchor_lang="eng", positive_lang=lang, where=f"{other}:{lineno}")
+            Example(anchor=e, positives=(x,), anchor_lang=english, positive_lang=code, where=f"{other}:{lineno}")
             for lineno, x, e in tatoeba_lines(other, eng, problems))
     total = sum(len(v) for v in by_lang.values())
     if not total:

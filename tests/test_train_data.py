@@ -311,14 +311,30 @@ def test_tatoeba_fixture(tmp_path: Path) -> None:
     examples = load_tatoeba(folder)
     assert len(examples) == 3 + 8
     first = examples[0]
-    assert first == Example("Hello.", ("Hallo.",), (), None, "eng", "deu", None,
+    # languages as the detector and user data write them: Tatoeba's deu and a user's de are one
+    assert first == Example("Hello.", ("Hallo.",), (), None, "en", "de", None,
                             f"{folder / 'tatoeba.deu-eng.deu'}:1")
     assert examples[1].where.endswith("tatoeba.deu-eng.deu:3") and examples[1].anchor == "Thanks."
     # the same pairs as distill.tatoeba_pairs
-    assert sorted((e.positive_lang, e.positives[0], e.anchor) for e in examples) == sorted(tatoeba_pairs(folder))
-    assert {e.positive_lang for e in load_tatoeba(folder, langs=["fra"])} == {"fra"}
+    codes = {"deu": "de", "fra": "fr"}
+    assert sorted((e.positive_lang, e.positives[0], e.anchor) for e in examples) == sorted(
+        (codes[lang], x, e) for lang, x, e in tatoeba_pairs(folder))
+    assert {e.positive_lang for e in load_tatoeba(folder, langs=["fra"])} == {"fr"}
+    assert load_tatoeba(folder, langs=["fr"]) == load_tatoeba(folder, langs=["fra"])  # either code
     with pytest.raises(ConfigError, match="no Tatoeba files for xxx"):
         load_tatoeba(folder, langs=["xxx"])
+
+
+def test_tatoeba_and_user_data_of_one_language_batch_together(tmp_path: Path) -> None:
+    """Tatoeba's deu-eng pairs and a user's de/en pairs are one language pair: mono batches
+    mixed them with nothing while Tatoeba's were (eng, deu) and the user's (en, de)."""
+    from vecplug.indexer.batching import compose_batches
+
+    folder = tatoeba_fixture(tmp_path / "tatoeba")
+    tatoeba = load_tatoeba(folder, langs=["de"])
+    mine = [Example(f"q{i}", (f"p{i}",), anchor_lang="en", positive_lang="de") for i in range(3)]
+    batches = compose_batches(tatoeba + mine, 8, composition="mono", seed=0)
+    assert len(batches) == 1 and len(batches[0]) == len(tatoeba) + 3
 
 
 def test_tatoeba_sample_proportional_and_seeded(tmp_path: Path) -> None:
@@ -326,7 +342,7 @@ def test_tatoeba_sample_proportional_and_seeded(tmp_path: Path) -> None:
     a = load_tatoeba(folder, max_pairs=4, seed=3)
     assert a == load_tatoeba(folder, max_pairs=4, seed=3)
     # 3 and 8 pairs: quotas 4*3/11 = 1.09 -> 1 and 4*8/11 = 2.9 -> 3
-    assert [e.positive_lang for e in a].count("deu") == 1 and len(a) == 4
+    assert [e.positive_lang for e in a].count("de") == 1 and len(a) == 4
     assert {load_tatoeba(folder, max_pairs=4, seed=s)[1].positives for s in range(6)} != {a[1].positives}
 
 
@@ -353,7 +369,9 @@ def test_tatoeba_odd_lines_read_alike_for_training_and_distillation(tmp_path: Pa
                 ("fra", "Au revoir", "Goodbye")]
     problems: list[Problem] = []
     examples = load_tatoeba(folder, problems=problems)
-    assert [(e.positive_lang, e.positives[0], e.anchor) for e in examples] == expected
+    codes = {"deu": "de", "fra": "fr"}
+    assert [(e.positive_lang, e.positives[0], e.anchor) for e in examples] == [
+        (codes[lang], x, e) for lang, x, e in expected]
     assert examples[1].where == f"{folder / 'tatoeba.deu-eng.deu'}:3"
     bad = [Problem(str(folder / "tatoeba.deu-eng.deu"), "not valid UTF-8", 2)]
     assert problems == bad
@@ -380,8 +398,8 @@ def test_tatoeba_real_folder() -> None:
     examples = load_tatoeba(TATOEBA, max_pairs=2000, seed=0)
     assert len(examples) == 2000
     langs = {e.positive_lang for e in examples}
-    assert len(langs) > 50 and "eng" not in langs
-    assert all(e.anchor_lang == "eng" and e.anchor and e.positives[0] for e in examples)
+    assert len(langs) > 50 and "en" not in langs and "deu" not in langs and "de" in langs
+    assert all(e.anchor_lang == "en" and e.anchor and e.positives[0] for e in examples)
     deu = [e for e in load_tatoeba(TATOEBA, langs=["deu"]) if e.where.endswith("deu:1")]
     assert deu[0].anchor == "Mary said she didn't know where Tom was."
 
