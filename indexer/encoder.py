@@ -469,11 +469,9 @@ class Encoder:
                                post=_pca_map(self.projection) if self.projection else None,
                                quantize=self.document_quantize, runtime=self.runtime,
                                int8_recipe=self._document_recipe(), trace=self.trace)
-        teacher = self.query_info.teacher
-        if (self._query is not None and teacher is not None
-                and teacher.checksum == self.document_info.checksum):
-            # the student came first: the teacher takes the student's copy of the table
-            # (identical by checksum), and its own is freed
+        if self._query is not None and self._one_table():
+            # the query side came first: the documents take its copy of the table (identical
+            # by checksum), and their own is freed
             document.model.get_input_embeddings().weight = self._query.model.get_input_embeddings().weight
         return document
 
@@ -483,18 +481,25 @@ class Encoder:
         if self.query_info is self.document_info:  # the document encoder, quantised otherwise
             # int8 under ONNX Runtime: the documents' recipe (the queries' one was measured
             # on a student, not on a document encoder's own queries)
-            return TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                               quantize=self.query_quantize, runtime=self.runtime, trace=self.trace)
-        shared = None
-        teacher = self.query_info.teacher
-        if (self._document is not None and teacher is not None
-                and teacher.checksum == self.document_info.checksum):
-            # the student shares the loaded teacher's vocabulary table
-            shared = self._document.model.get_input_embeddings().weight.detach()
+            query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
+                                quantize=self.query_quantize, runtime=self.runtime, trace=self.trace)
+            if self._document is not None:  # one table for both sides (quantisation leaves it)
+                query.model.get_input_embeddings().weight = self._document.model.get_input_embeddings().weight
+            return query
+        # a student built on the loaded teacher's vocabulary table (never a copy of its own)
+        shared = (self._document.model.get_input_embeddings().weight.detach()
+                  if self._document is not None and self._one_table() else None)
         return TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
                            post=_head_map(self.projection) if self.projection else None,
                            quantize=self.query_quantize, runtime=self.runtime,
                            int8_recipe="int8-query", trace=self.trace)
+
+    def _one_table(self) -> bool:
+        """The two sides look tokens up in identical vocabulary tables: one model (quantised
+        alike or not), or a student and the teacher it was distilled from (by checksum)."""
+        teacher = self.query_info.teacher
+        return self.query_info is self.document_info or (
+            teacher is not None and teacher.checksum == self.document_info.checksum)
 
     def _same_model(self) -> bool:
         """Queries and documents run through one loaded model (same weights, same quantisation)."""
