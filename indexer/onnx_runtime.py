@@ -277,10 +277,15 @@ def _fuse(src: Path, dst: Path, config: Any, residual_norms: bool = False) -> No
 
 
 def _narrowing(graph: Any) -> list[Any]:
-    """The weight MatMuls whose (in, out) weight narrows the width: the FFN down-projections."""
+    """The weight MatMuls back to the hidden size (the token embeddings' width) from another:
+    the FFN down-projections (as :func:`~vecplug.indexer.torch_int8.narrowing`: below the
+    hidden size, the up-projections would narrow the width)."""
     dims = {i.name: tuple(i.dims) for i in graph.initializer}
+    shapes = [[d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input]
+    hidden = next((s[2] for s in shapes if len(s) == 3 and s[2] > 0), 0)  # (batch, tokens, hidden)
     return [n for n in graph.node if n.op_type == "MatMul" and len(dims.get(n.input[1], ())) == 2
-            and dims[n.input[1]][0] > dims[n.input[1]][1]]
+            and (dims[n.input[1]][1] == hidden != dims[n.input[1]][0] if hidden
+                 else dims[n.input[1]][0] > dims[n.input[1]][1])]
 
 
 def _smoothable(graph: Any, kinds: Iterable[str]) -> list[Any]:

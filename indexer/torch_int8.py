@@ -43,11 +43,16 @@ PEAKS_FILE = "int8-peaks.safetensors"
 
 
 def narrowing(model: Any) -> list[str]:
-    """Names of the linear layers with more inputs than outputs: the FFN down-projections."""
+    """Names of the FFN down-projections: the linear layers from another width back to the
+    model's hidden size (a student pruned below the hidden size, ``--ffn-width 256``, has its
+    up-projections narrowing instead: the width alone would pick those)."""
     import torch
 
+    hidden = int(getattr(model.config, "hidden_size", 0) or 0)
     return [name for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and m.in_features > m.out_features]
+            if isinstance(m, torch.nn.Linear)
+            and (m.out_features == hidden and m.in_features != hidden if hidden
+                 else m.in_features > m.out_features)]
 
 
 def activation_peaks(model: Any, batches: Any) -> dict[str, np.ndarray]:

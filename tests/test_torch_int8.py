@@ -121,3 +121,28 @@ def test_the_shipped_student_s_peaks_are_its_calibration(built_me5: Path) -> Non
     fresh = TextEncoder(info).calibration_peaks()
     assert sorted(shipped) == sorted(fresh)
     assert all(np.allclose(shipped[k], fresh[k], rtol=1e-5, atol=1e-6) for k in fresh)
+
+
+def test_the_ffn_down_projections_are_found_below_the_hidden_size_too(tiny_model: Path, tmp_path: Path) -> None:
+    """A student pruned below the hidden size (``--ffn-width 16`` of 32) has its up-projections
+    narrowing the width: picked by width alone, the int8 recipes smoothed and kept in float the
+    wrong layers. Both runtimes find the down-projections (``output.dense``) by the hidden size."""
+    import onnx
+    import torch
+
+    from vecplug.indexer import onnx_runtime
+    from vecplug.indexer.student import prune_ffn
+
+    enc = Encoder.from_specs(str(tiny_model), query_quantize="none")
+    model = enc.query.model
+    wide = torch_int8.narrowing(model)
+    prune_ffn(model, 16, [{"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+                          for ids, mask in _batches(enc)])
+    assert model.config.intermediate_size == 16
+    assert torch_int8.narrowing(model) == wide == [f"encoder.layer.{i}.output.dense" for i in range(2)]
+
+    path = tmp_path / "narrow.onnx"
+    onnx_runtime.export_fused(model, path)
+    graph = onnx.load(str(path)).graph
+    dims = {i.name: tuple(i.dims) for i in graph.initializer}
+    assert [dims[n.input[1]] for n in onnx_runtime._narrowing(graph)] == [(16, 32), (16, 32)]
