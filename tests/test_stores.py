@@ -114,6 +114,29 @@ def test_update_delete(target: tuple[type, str, dict[str, Any]]) -> None:
         store.close()
 
 
+def test_deleting_every_document_leaves_an_empty_index_that_takes_new_ones(
+        target: tuple[type, str, dict[str, Any]]) -> None:
+    """Every document deleted (100: enough for hnswlib to rebuild its graph, which it saves
+    empty with level -1): the commit failed as "is the disk full?" on every run after, and the
+    deleted documents stayed."""
+    cls, location, options = target
+    vecs = unit_vectors(100, DIM, seed=3)
+    store = cls.create(location, DIM, {"dim": DIM}, options)
+    store.upsert(records(100), vecs)
+    store.commit()
+    store.delete([r.id for r in records(100)])
+    store.commit()
+    store.close()
+    store = cls.open(location, options, writable=True)
+    try:
+        assert store.count() == 0 and store.search(vecs[0], 5) == []
+        store.upsert(records(3, start=200), vecs[:3])
+        store.commit()
+        assert store.search(vecs[1], 1)[0].record.id == "doc/201.txt#0"
+    finally:
+        store.close()
+
+
 def test_empty_index_searches(target: tuple[type, str, dict[str, Any]]) -> None:
     cls, location, options = target
     store = cls.create(location, DIM, {"dim": DIM}, options)

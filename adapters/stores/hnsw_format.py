@@ -30,7 +30,8 @@ def check_graph_file(path: Path, dim: int) -> str | None:
         links0 = max_m0 * 4 + 4
         if (offset_level0 != 0 or count > max_elements or offset_data != links0
                 or label_offset != links0 + 4 * dim or per_element != label_offset + 8
-                or max_m0 != 2 * m or max_m != m or max_level < 0):
+                or max_m0 != 2 * m or max_m != m or max_level < (-1 if count == 0 else 0)):
+            # an empty graph (every vector deleted, then compacted) is saved with level -1
             return f"{path.name} has a header that does not describe a {dim}-d hnswlib index"
         pos = _HEADER.size + count * per_element
         link_bytes = max_m * 4 + 4
