@@ -81,7 +81,7 @@ def test_llamaindex_round_trips_and_batches_async(tiny_model: Path, tiny_student
     from vecplug.embedders import load_encoder
 
     cls = load_integration("llamaindex")
-    for emb in (cls(document=str(tiny_model), query=str(tiny_student)),
+    for emb in (cls(document=tiny_model, query=tiny_student),  # paths as the other integrations take
                 cls(encoder=load_encoder(str(tiny_model), str(tiny_student)))):
         assert emb.embed_batch_size == 128
         want = emb.get_query_embedding("water")
@@ -117,6 +117,21 @@ def test_llamaindex_round_trips_and_batches_async(tiny_model: Path, tiny_student
     emb.embed_batch_size = 8
     got = asyncio.run(emb.aget_text_embedding_batch(texts))
     assert most == 1 and np.allclose(got, emb.get_text_embedding_batch(texts), atol=1e-6)
+
+    # ... but a query asked during an ingestion on the same loop does not queue behind all of
+    # its batches (one shared turn made it wait for the whole ingestion)
+    async def query_during_ingestion() -> tuple[int, list[float]]:
+        ingestion = asyncio.ensure_future(emb.aget_text_embedding_batch(texts))  # 5 batches, 0.05 s each
+        await asyncio.sleep(0.01)  # the batches are queued
+        vector = await emb.aget_query_embedding("water")
+        batches_done = len(done)
+        await ingestion
+        return batches_done, vector
+
+    done: list[int] = []
+    emb._encoder.encode_documents = lambda texts: done.append(len(texts)) or counted(texts)
+    finished_before, vector = asyncio.run(query_during_ingestion())
+    assert finished_before < 5 and np.allclose(vector, want, atol=1e-6)
 
 
 def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import weakref
 from typing import Any, Callable, TypeVar
 
@@ -23,13 +24,14 @@ _A = TypeVar("_A")
 # every core, so concurrent encodes only contend. Async calls take turns, waiting in the event
 # loop (a lock taken inside the worker threads would hold the loop's default executor threads
 # that the application's other to_thread work needs); synchronous callers are left as they are.
-_TURNS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+# Queries take turns among themselves only: behind the documents' queue, a query asked while
+# an ingestion runs on the same loop waited for all of it (30 s for 1,500 texts)
+_TURNS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]]" = weakref.WeakKeyDictionary()
 
 
-async def _in_turn(fn: Callable[[_A], _T], arg: _A) -> _T:
-    loop = asyncio.get_running_loop()
-    turn = _TURNS.setdefault(loop, asyncio.Lock())
-    async with turn:
+async def _in_turn(side: str, fn: Callable[[_A], _T], arg: _A) -> _T:
+    turns = _TURNS.setdefault(asyncio.get_running_loop(), {})
+    async with turns.setdefault(side, asyncio.Lock()):
         return await asyncio.to_thread(fn, arg)
 
 
@@ -47,10 +49,12 @@ class VecplugEmbedding(BaseEmbedding):
     query: str | None = Field(default=None, description="query encoder spec")
     _encoder: Any = PrivateAttr()
 
-    def __init__(self, *, index: str | None = None, document: str | None = None,
+    def __init__(self, *, index: str | os.PathLike[str] | None = None, document: str | None = None,
                  query: str | None = None, encoder: Any = None, **kwargs: Any) -> None:
         from vecplug.embedders import load_encoder
 
+        # as the other integrations take them (a Path was a validation error, after the load)
+        index, document, query = (None if v is None else os.fspath(v) for v in (index, document, query))
         enc = encoder if encoder is not None else load_encoder(document, query, index=index)
         described = enc.describe()
         if encoder is not None and index is None and document is None and query is None:
@@ -76,10 +80,10 @@ class VecplugEmbedding(BaseEmbedding):
     # async: the model runs in a worker thread (the event loop goes on), one batch per call
     # (LlamaIndex's default would gather one call per text), one call at a time
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return await _in_turn(self._get_query_embedding, query)
+        return await _in_turn("query", self._get_query_embedding, query)
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
-        return await _in_turn(self._get_text_embedding, text)
+        return await _in_turn("documents", self._get_text_embedding, text)
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return await _in_turn(self._get_text_embeddings, texts)
+        return await _in_turn("documents", self._get_text_embeddings, texts)
