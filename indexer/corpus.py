@@ -135,6 +135,9 @@ _FRONT_TITLE = re.compile(r"title:[ \t]*(\S.*)")
 class CorpusOptions:
     chunk_tokens: int = 200
     chunk_overlap: int = 32
+    #: tokens of a document's text the document encoder keeps (None: no limit): a Markdown
+    #: title prepended to each passage takes its share, so its passages are shorter
+    room: int | None = None
     embed_fields: tuple[str, ...] = DEFAULT_EMBED_FIELDS
     max_file_bytes: int = 64 * 1024 * 1024
     csv_field_limit: int = 16 * 1024 * 1024
@@ -319,10 +322,17 @@ class CorpusReader:
             self._report(rel, f"{_bad_text_reason(bad.group())}: file skipped", line)
             return
         title = markdown_title(text) if path.suffix.lower() == ".md" else None
-        for pos, passage in enumerate(chunk(text, self.offsets, self.options.chunk_tokens,
-                                            self.options.chunk_overlap)):
+        size, lead = self.options.chunk_tokens, title
+        if title and self.options.room is not None:
+            # the title is embedded before each passage: both must fit in what the encoder
+            # keeps, or the passages' ends are never embedded. The title takes at most a
+            # quarter of it (a long one is cut in the embedded text, whole in the payload)
+            spans = self.offsets(title)[: self.options.room // 4]
+            lead = title[: spans[-1][1]] if spans else title
+            size = max(1, min(size, self.options.room - len(spans) - 1))  # 1: the line break's join
+        for pos, passage in enumerate(chunk(text, self.offsets, size, self.options.chunk_overlap)):
             payload: dict[str, Any] = {"title": title} if title else {}
-            embed = f"{title}\n{passage}" if title and not passage.lstrip("# ").startswith(title) else passage
+            embed = f"{lead}\n{passage}" if title and not passage.lstrip("# ").startswith(title) else passage
             yield Document(f"{rel}#{pos}", embed, rel, pos, None, payload)
 
     def _jsonl(self, rel: str, text: str) -> Iterator[Document]:

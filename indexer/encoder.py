@@ -505,6 +505,16 @@ class Encoder:
         """Queries and documents run through one loaded model (same weights, same quantisation)."""
         return self.query_info is self.document_info and self.query_quantize == self.document_quantize
 
+    def document_room(self) -> int:
+        """Tokens of a document's own text the document encoder keeps: its maximum length less
+        the prefix's tokens and the special tokens (``<s>``, ``</s>``); the most a passage may
+        hold. From the tokenizer alone (no weights are loaded)."""
+        info = self.document_info
+        shared = shared_tokenizer(info.tokenizer_path, (info.teacher or info).checksum)
+        prefix = shared(self.document_prefix, add_special_tokens=False)["input_ids"] if self.document_prefix else []
+        return (min(self.document_max_length, max_tokens(info))
+                - shared.tokenizer.num_special_tokens_to_add(pair=False) - len(prefix))
+
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
         """(n, dim) float32 unit vectors of ``texts`` (a list of strings), as documents."""
         return self.document.encode(text_list(texts), self.document_prefix, self.document_max_length,

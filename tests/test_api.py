@@ -381,7 +381,10 @@ def test_the_document_length_limit_is_the_index_s(tmp_path: Path, tiny_model: Pa
         vecplug.create_index(docs, settings=settings(document_max_length=32))
     with vecplug.open_index(settings=settings()) as index:  # language codes as the index has them
         hits = index.search("water", k=5, langs=[" EN ", ""]).hits
-        assert len(hits) == 2 and hits == index.search("water", k=5, langs=["en"]).hits
+        assert len(hits) == 5 and hits == index.search("water", k=5, langs=["en"]).hits
+        # passages as long as documents are cut (16 tokens, 14 without <s> and </s>): none is
+        # cut short, so every word of the files is embedded
+        assert index.manifest["corpus"]["chunk_tokens"] == 14
 
 
 

@@ -59,7 +59,7 @@ def test_index_search_info(corpus: Path, tiny_model: Path) -> None:
     info = run("info")
     assert "documents:  4" in info and str(tiny_model) in info
     assert "store:      M 16, ef_construction 200, ef_search 128" in info
-    assert f"source:     {corpus.resolve()}; passages of 200 tokens (32 overlapping)" in info
+    assert f"source:     {corpus.resolve()}; passages of 126 tokens (31 overlapping)" in info  # the tiny model keeps 128
     manifest = json.loads(run("info", "--json"))["manifest"]
     for key in ("document_encoder", "document_encoder_checksum", "query_encoder", "dim", "normalize",
                 "query_prefix", "document_prefix", "query_max_length", "document_max_length",
@@ -358,6 +358,21 @@ def test_a_rerun_cuts_and_reads_as_the_index_was_built(tmp_path: Path, tiny_mode
         from vecplug.config import load_settings
 
         load_settings(overrides={"corpus": {"embed_fields": []}}, environ={})
+
+
+def test_passages_longer_than_the_encoder_keeps_are_refused(tmp_path: Path, tiny_model: Path) -> None:
+    """`--chunk-tokens 500` with documents cut at 256 tokens embedded half of every passage,
+    silently; the default passage length is cut to what the encoder keeps (the tiny model:
+    128 tokens, 126 without its special tokens)."""
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "long.txt").write_text(" ".join(f"word{i} water fox" for i in range(100)))
+    out = run("index", str(root), "--model", str(tiny_model), "--chunk-tokens", "200", "--lang", "en", "-q",
+              ok=False)
+    assert "corpus.chunk_tokens (200 tokens) is more than the document encoder keeps of a passage: 126 tokens" in out
+    assert "--chunk-tokens 126 or less" in out
+    run("index", str(root), "--model", str(tiny_model), "--lang", "en", "-q")
+    assert "passages of 126 tokens" in run("info")
 
 
 def test_settings_of_a_new_index_are_not_ignored_silently(corpus: Path, tiny_model: Path, tiny_student: Path) -> None:

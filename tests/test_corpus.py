@@ -30,6 +30,27 @@ def test_chunking_covers_text_with_overlap() -> None:
     assert covered == set(text.split())
 
 
+def test_a_markdown_title_and_each_passage_fit_what_the_encoder_keeps(tmp_path: Path) -> None:
+    """The title is embedded before every passage: counted outside the passage budget, a long
+    one pushed each passage's end past the encoder's limit (up to 24% of a file's text never
+    embedded with me5-small). Passages now leave it room; a title over a quarter of the room
+    is cut in the embedded text and kept whole as payload."""
+    body = " ".join(f"w{i}" for i in range(300))
+    for n_title in (5, 30):
+        title = " ".join(f"t{i}" for i in range(n_title))
+        (tmp_path / "doc.md").write_text(f"# {title}\n\n{body}\n")
+        docs, problems = read(tmp_path, chunk_tokens=30, chunk_overlap=5, room=40)
+        assert not problems and all(d.payload["title"] == title for d in docs)
+        assert all(len(d.text.split()) <= 40 for d in docs)  # title, passage: all kept
+        lead = " ".join(title.split()[:10])  # at most a quarter of the room
+        assert all(d.text.startswith(lead + "\n") for d in docs[1:])
+        covered = {w for d in docs for w in d.text.split()}
+        assert {w for w in body.split()} <= covered
+    # no room given (no encoder limit): passages of chunk_tokens, the whole title before each
+    docs, _ = read(tmp_path, chunk_tokens=30, chunk_overlap=5)
+    assert docs[1].text.startswith(title + "\n") and len(docs[1].text.split()) > 40
+
+
 def test_chunking_prefers_sentence_ends() -> None:
     text = " ".join(["Ein Satz hier."] * 40)
     parts = chunk(text, words, size=20, overlap=0)

@@ -172,7 +172,7 @@ class Index:
         return index
 
     def _new_manifest(self) -> dict[str, Any]:
-        c = self.corpus_settings()
+        c = self.corpus_settings(self.encoder.document_room())
         return {
             **self.encoder.describe(),
             "vecplug_version": __version__,
@@ -181,17 +181,30 @@ class Index:
             "debias": self.settings.index.debias,
         }
 
-    def corpus_settings(self) -> dict[str, Any]:
+    def corpus_settings(self, room: int | None = None) -> dict[str, Any]:
         """``chunk_tokens``, ``chunk_overlap`` and ``embed_fields`` as a run cuts and reads
         documents: each as set, else as the index was built (cut otherwise, every document
         would be encoded again), else the defaults of a new index. The overlap goes with the
         passage length: passages of another length than the index's take the default overlap
-        (32 tokens, at most a quarter of a passage) unless one is set."""
+        (32 tokens, at most a quarter of a passage) unless one is set.
+
+        ``room``: the tokens of a passage the document encoder keeps. The default passage
+        length is cut to it; a length set (or the index's) above it is refused: the end of
+        every passage would never be embedded, nor found."""
         from vecplug.config import CORPUS_DEFAULTS
 
         built = (self.manifest.get("corpus") or {}) if self.store is not None else {}
         c = self.settings.corpus
         tokens = int(c.chunk_tokens or built.get("chunk_tokens") or CORPUS_DEFAULTS["chunk_tokens"])
+        if room is not None and tokens > room:
+            if c.chunk_tokens or built.get("chunk_tokens"):
+                where = "corpus.chunk_tokens" if c.chunk_tokens else "the index's passage length"
+                raise ConfigError(
+                    f"{where} ({tokens} tokens) is more than the document encoder keeps of a passage: "
+                    f"{room} tokens (model.document_max_length {self.encoder.document_max_length}, less the "
+                    f"prefix and special tokens); the rest of every passage would never be embedded. Set "
+                    f"--chunk-tokens {room} or less, or a longer model.document_max_length")
+            tokens = room
         if c.chunk_overlap is not None:
             overlap = c.chunk_overlap
         elif built.get("chunk_tokens") == tokens and isinstance(built.get("chunk_overlap"), int):
@@ -378,10 +391,11 @@ class Index:
             lang = lang_code(lang)
         except ValueError as exc:
             raise ConfigError(f"the documents' language: {exc}") from None
-        c, cut = self.settings.corpus, self.corpus_settings()
+        room = self.encoder.document_room()
+        c, cut = self.settings.corpus, self.corpus_settings(room)
         reader = CorpusReader(root, self.encoder.document.offsets, CorpusOptions(
             chunk_tokens=cut["chunk_tokens"], chunk_overlap=cut["chunk_overlap"], embed_fields=cut["embed_fields"],
-            max_file_bytes=c.max_file_mb * 1024 * 1024))
+            max_file_bytes=c.max_file_mb * 1024 * 1024, room=room))
         built_from = self.store.manifest_value("source_root")
         built_kind = self.store.manifest_value("source_kind", "folder")
         manifest: dict[str, Any] = {"corpus": {**cut, "embed_fields": list(cut["embed_fields"])}}
