@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import numbers
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -257,12 +259,25 @@ def _storable(documents: Iterable[Document], problems: list[Problem]) -> Iterato
         elif not isinstance(doc.text, str) or not doc.text.strip():
             why = "no text"
         else:
-            # apart: a list around them would count as one more level of the payload's nesting
-            why = _bad_value(doc.text) or _bad_value(doc.payload)
+            # a store coerces what it is given (SQLite's "5" for 5, 3 for 3.0): the record read
+            # back would not be the one written, and hnswlib's row checksum would call the index
+            # damaged. A path and a numpy integer are taken as the string and integer they are
+            if isinstance(doc.source, os.PathLike):
+                doc = dataclasses.replace(doc, source=os.fspath(doc.source))
+            if isinstance(doc.position, numbers.Integral) and not isinstance(doc.position, bool):
+                doc = dataclasses.replace(doc, position=int(doc.position))
+            if not isinstance(doc.source, str):
+                why = f"its source must be a string, not {type(doc.source).__name__}"
+            elif type(doc.position) is not int or not -2**63 <= doc.position < 2**63:
+                why = f"its position must be an integer of 64 bits, not {doc.position!r}"
+            else:
+                # apart: a list around them would count as one more level of the payload's nesting
+                why = _bad_value(doc.text) or _bad_value(doc.source) or _bad_value(doc.payload)
         if why is None:
             yield doc
         else:
-            problems.append(Problem(str(doc.source), f"document {doc.id!r}: {why}: skipped", doc.position))
+            line = doc.position if type(doc.position) is int else None
+            problems.append(Problem(str(doc.source), f"document {doc.id!r}: {why}: skipped", line))
 
 
 def _first_of_each_id(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:

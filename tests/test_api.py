@@ -672,6 +672,32 @@ def test_a_failed_add_keeps_the_statistics_with_the_writes(tmp_path: Path, tiny_
     assert report.ok, report.problems
 
 
+def test_a_document_s_source_and_position_are_checked(tmp_path: Path, tiny_model: Path) -> None:
+    """A position of 3.0 or "7", or a source of 5, was committed as SQLite coerced it: its row
+    checksum never matched again, and verify and every search reaching it called the index
+    damaged; a numpy position or a Path source were tracebacks. A path and a numpy integer are
+    taken as what they are; the rest is reported and skipped."""
+    from vecplug.verify import verify_index
+
+    settings = _settings_at(tmp_path / "idx", tiny_model)
+    odd = [Document("float", "water one", "api", 3.0, "en"), Document("str", "water two", "api", "7", "en"),
+           Document("bool", "water three", "api", True, "en"), Document("int-src", "water four", 5, 0, "en"),
+           Document("huge", "water five", "api", 2**70, "en"),
+           Document("surrogate", "water six", "api\udc80", 0, "en")]
+    fine = [Document("np", "water seven", "api", np.int64(4), "en"),
+            Document("path", "water eight", tmp_path / "notes.txt", 1, "en")]
+    with vecplug.create_index(settings=settings) as index:
+        report = index.add_documents(odd + fine)
+        assert report.documents == 2 and len(report.problems) == 6
+        reasons = [p.reason for p in report.problems]
+        assert reasons[0] == "document 'float': its position must be an integer of 64 bits, not 3.0: skipped"
+        assert reasons[3] == "document 'int-src': its source must be a string, not int: skipped"
+        assert "lone surrogate" in reasons[5]
+        assert [h.id for h in index.search("water", k=5).hits] and index.store.get(["path"])[0].source == str(
+            tmp_path / "notes.txt")
+    assert verify_index(settings).ok
+
+
 def test_payloads_json_cannot_carry_are_reported_and_a_torn_run_stops_the_handle(
         tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A date or a numpy number in a payload failed half-way through hnswlib's writes (rows
