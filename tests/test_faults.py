@@ -920,9 +920,16 @@ def test_statistics_that_miss_points_a_server_run_wrote_are_fitted_again(tmp_pat
                      commit_every=10, progress=False, stats=LanguageStats(16))
     store.upsert = upsert  # type: ignore[method-assign]
     assert store.count() == 24 and LanguageStats.from_manifest(store.manifest).counts == {"en": 20}
+    # a reader meanwhile: the writer still holds its lease (a live run between two commits
+    # looks the same), so the points are its uncounted batch, not a killed run's: every reader
+    # read every vector of the collection at each new commit of a long run
+    reader = get_store_class("qdrant").open("client://", options)
+    assert reader.writer_running() and Index(vecplug.load_settings(), reader, False).language_stats.counts == {"en": 20}
     index = Index(vecplug.load_settings(), store, writable=True)
     assert index.language_stats.counts == {"en": 24}
     assert LanguageStats.from_manifest(store.manifest).counts == {"en": 24}  # and recorded
+    store.close()
+    assert not reader.writer_running()  # the lease given back
 
 
 def _lang_index_calls(client: Any) -> list[str]:

@@ -703,3 +703,26 @@ def test_hnswlib_failed_commit_puts_back_the_last_graph(tmp_path: Path, monkeypa
                      lambda: store.vectors([recs[3].id]), lambda: store.candidates(vecs[1], 3)):
             with pytest.raises(StorageError, match="could not be loaded again.*reopen the index"):
                 read()
+
+
+def test_a_point_vecplug_did_not_write_is_named() -> None:
+    """A qdrant-client user's own point in a vecplug collection (no ``_id`` in its payload)
+    made every search that met it, and the statistics' refit, a bare KeyError '_id'."""
+    from vecplug.errors import CorruptIndexError
+
+    options = _server_options()
+    store = get_store_class("qdrant").create("http://localhost:6333", DIM, {"dim": DIM}, options)
+    vecs = unit_vectors(5, DIM, seed=4)
+    store.upsert(records(5), vecs)
+    store.commit()
+    from qdrant_client import models
+
+    options["client"].upsert("battery", [models.PointStruct(id=42, vector=vecs[0].tolist(),
+                                                            payload={"text": "mine"})], wait=True)
+    try:
+        with pytest.raises(CorruptIndexError, match=r"holds a point vecplug did not write \(id 42, no '_id'"):
+            store.search(vecs[0], 3)
+        with pytest.raises(CorruptIndexError, match="id 42"):
+            list(store.ids())
+    finally:
+        store.close()

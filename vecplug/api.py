@@ -687,14 +687,16 @@ class Index:
         vectors when it has none, an index written before vecplug kept them, or when a store
         that writes through (a Qdrant server: ``VectorStore.writes_through``) holds other
         documents than they count: a run killed in the middle of a batch left points its
-        statistics never took in)."""
+        statistics never took in; not while another process writes: its points are counted at
+        its next commit, and every reader would read every vector meanwhile)."""
         stats = self._stats  # one read: another thread's language_means may reset it
         if stats is None:
             from vecplug.adapters.bias import LanguageStats
 
             stats = LanguageStats.from_manifest(self.manifest)
             if stats is None or (self.store.writes_through
-                                 and sum(stats.counts.values()) != self.store.count()):
+                                 and sum(stats.counts.values()) != self.store.count()
+                                 and (self.writable or not self.store.writer_running())):
                 stats = LanguageStats.fit(self.store)
                 if self.writable:
                     self.store.commit(stats.to_manifest())

@@ -171,6 +171,13 @@ class VectorStore(ABC):
         whole manifest, which holds the language statistics: the search path reads a flag."""
         return self.manifest.get(key, default)
 
+    def writer_running(self) -> bool:
+        """Whether a writer is writing through to this index now (only for
+        :attr:`writes_through` stores): its written points are counted at its next commit, so
+        a reader meanwhile finds more points than the manifest counts and must not take that
+        for the remains of a killed run."""
+        return False
+
     def commit_token(self) -> Any:
         """A value that changes whenever the commit this store reads from does: at its own
         commits, and for a reader at the commits of a writer that it follows (equal values:

@@ -191,7 +191,7 @@ from vecplug.adapters.stores.base import Record, StoreHit, VectorStore, ordered_
 from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, _dense, _Edge, _point_id,
                                                  full_scan_threshold, search_params)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
-from vecplug.adapters.stores.qdrant_lease import LEASE_SECONDS, WriterLease
+from vecplug.adapters.stores.qdrant_lease import LEASE_SECONDS, WriterLease, lease_held
 from vecplug.errors import (CorruptIndexError, IndexLockedError, IndexNotFoundError,
                              MissingDependencyError, VecplugError)
 from vecplug.fsutil import atomic_write_bytes, storage_error
@@ -209,22 +209,34 @@ def _to_payload(rec: Record) -> dict[str, Any]:
             "lang": rec.lang or UND, "payload": rec.payload}
 
 
-def _to_record(p: dict[str, Any]) -> Record:
+def _to_record(p: dict[str, Any], point: Any = None, where: str = "") -> Record:
     lang = p.get("lang")
-    return Record(p["_id"], p.get("text", ""), p.get("source", ""), int(p.get("position", 0)),
-                  None if lang in (None, UND) else lang, dict(p.get("payload") or {}))
+    return Record(_vecplug_id(p, point, where), p.get("text", ""), p.get("source", ""),
+                  int(p.get("position", 0)), None if lang in (None, UND) else lang, dict(p.get("payload") or {}))
+
+
+def _vecplug_id(payload: dict[str, Any], point: Any = None, where: str = "") -> str:
+    """The document id vecplug wrote with a point; a point written by something else (no
+    ``_id``) is refused by name: its collection is a vecplug index, whose counts and
+    statistics take in vecplug's points only."""
+    if "_id" not in payload:
+        raise CorruptIndexError(
+            f"{where or 'the collection'} holds a point vecplug did not write (id {point}, no '_id' in its "
+            "payload): a vecplug collection takes vecplug's writes only; delete that point, or keep your "
+            "own points in another collection")
+    return payload["_id"]
 
 
 def _is_server(location: str, options: dict[str, Any]) -> bool:
     return options.get("client") is not None or location.lower().startswith(("http://", "https://"))
 
 
-def _scroll(page: Callable[[Any], tuple[list[Any], Any]]) -> Iterator[str]:
+def _scroll(page: Callable[[Any], tuple[list[Any], Any]], where: str = "") -> Iterator[str]:
     """Every ``_id`` over the pages ``page(offset) -> (points, next offset or None)``."""
     offset = None
     while True:
         points, offset = page(offset)
-        yield from ((p.payload or {})["_id"] for p in points)
+        yield from (_vecplug_id(p.payload or {}, p.id, where) for p in points)
         if offset is None:
             return
 
@@ -396,6 +408,8 @@ class _Server:
         params = None if self.local else search_params(m, ef, bool(flt), self.acorn)
         res = self._call(self.client.query_points, self.name, query=vec.tolist(), limit=k,
                          query_filter=flt or None, with_payload=True, search_params=params)
+        for p in res.points:
+            _vecplug_id(p.payload or {}, p.id, self.where)  # before a caller takes it for ours
         return [(p.payload or {}, float(p.score)) for p in res.points]
 
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
@@ -407,7 +421,7 @@ class _Server:
 
     def scroll_ids(self) -> Iterator[str]:
         return _scroll(lambda off: self._call(self.client.scroll, self.name, limit=1000, offset=off,
-                                              with_payload=["_id"], with_vectors=False))
+                                              with_payload=["_id"], with_vectors=False), self.where)
 
     def count(self) -> int:
         return int(self._call(self.client.count, self.name, exact=True).count)
@@ -596,6 +610,13 @@ class QdrantStore(VectorStore):
         if write and self._lease is not None:
             self._lease.keep()  # renewed, or IndexLockedError before anything is written
         return self._b
+
+    def writer_running(self) -> bool:
+        """A server collection's writer holds its lease (this store's own, when it writes)."""
+        b = self._live()
+        if not isinstance(b, _Server):
+            return False
+        return self._lease is not None or lease_held(b.client, b.name, b._call)
 
     def commit_token(self) -> int:
         """Counts the commits this store moved to: its own, a reader's copy following a

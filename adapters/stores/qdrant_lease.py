@@ -43,6 +43,21 @@ LEASE_SECONDS = 60.0
 _POINT = 1  # the lease's point id in its collection
 
 
+def lease_held(client: Any, collection: str, call: Callable[..., Any]) -> bool:
+    """Whether a writer holds the lease on ``collection`` now (not lapsed, nor given back, nor
+    left by a killed writer of this host)."""
+    name = f"{collection}-vecplug-writer"
+    if not call(client.collection_exists, name):
+        return False
+    points = call(client.retrieve, name, [_POINT], with_payload=True, with_vectors=False)
+    held = (points[0].payload or {}) if points else {}
+    expires = held.get("expires")
+    if not isinstance(expires, (int, float)) or expires < time.time():
+        return False
+    return not (held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int)
+                and not process_running(held["pid"]))
+
+
 class WriterLease:
     """The lease of one writer on one server collection (see the module docstring).
 
