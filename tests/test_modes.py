@@ -294,9 +294,10 @@ def test_prefer_with_a_reranker(tmp_path: Path, tiny_model: Path, monkeypatch: p
     same-language lists, twice as many)."""
     from importlib.metadata import EntryPoint
 
+    import vecplug.adapters.plugins as plugins
     import vecplug.adapters.rerank as registry
 
-    monkeypatch.setattr(registry, "entry_points", lambda group: [
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [
         EntryPoint("wide", f"{__name__}:_WideReranker", group)] if group == registry.ENTRY_POINT_GROUP else [])
     settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx"), "debias": False},
                                                 "search": {"prefer_boost": 0.5},

@@ -624,9 +624,10 @@ def test_registry(trained_ce: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         def rerank(self, queries: Any, candidates: Any, context: Any) -> list[list[StoreHit]]:
             return [list(c) for c in candidates]
 
+    import vecplug.adapters.plugins as plugins
     import vecplug.adapters.rerank as registry
 
-    monkeypatch.setattr(registry, "entry_points", lambda group: [
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [
         EntryPoint("mine", f"{__name__}:_THIRD_PARTY", group)] if group == registry.ENTRY_POINT_GROUP else [])
     globals()["_THIRD_PARTY"] = Mine
     try:
@@ -646,18 +647,50 @@ def test_order_by_scores_is_stable_and_puts_nan_last() -> None:
 
 
 def test_a_broken_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An entry point naming a module that is not installed was a ModuleNotFoundError traceback."""
+    """An entry point naming a module that is not installed was a ModuleNotFoundError traceback;
+    one whose module raises at import, or naming a function, a class of another kind or an
+    abstract one, was a traceback from inside (AttributeError: ... has no attribute 'exists')."""
+    import vecplug.adapters.plugins as plugins
     import vecplug.adapters.rerank as rerankers
     import vecplug.adapters.stores.registry as stores
+    from vecplug.adapters.stores.base import VectorStore
 
-    monkeypatch.setattr(rerankers, "entry_points", lambda group: [
-        EntryPoint("broken", "nowhere_pkg.missing:Reranker", group)] if group == rerankers.ENTRY_POINT_GROUP else [])
+    def plugged(in_group: str, target: str) -> None:
+        monkeypatch.setattr(plugins, "entry_points",
+                            lambda group: [EntryPoint("broken", target, group)] if group == in_group else [])
+
+    plugged(rerankers.ENTRY_POINT_GROUP, "nowhere_pkg.missing:Reranker")
     with pytest.raises(UnknownBackendError, match=r"reranker 'broken' \(nowhere_pkg.missing:Reranker\) cannot be "
-                                                  "loaded: No module named 'nowhere_pkg'"):
+                                                  "loaded: ModuleNotFoundError: No module named 'nowhere_pkg'"):
         get_reranker("broken")
-    monkeypatch.setattr(stores, "entry_points", lambda group: [
-        EntryPoint("broken", f"{__name__}:NoSuchStore", group)] if group == stores.ENTRY_POINT_GROUP else [])
+    plugged(stores.ENTRY_POINT_GROUP, f"{__name__}:NoSuchStore")
     with pytest.raises(UnknownBackendError, match=r"store 'broken' .* cannot be loaded"):
+        get_store_class("broken")
+    plugged(stores.ENTRY_POINT_GROUP, "json:loads")
+    with pytest.raises(UnknownBackendError, match=r"store 'broken' \(json:loads\) is not a VectorStore class"):
+        get_store_class("broken")
+    globals()["_HALF_A_STORE"] = type("HalfAStore", (VectorStore,), {"name": "half"})
+    plugged(stores.ENTRY_POINT_GROUP, f"{__name__}:_HALF_A_STORE")
+    try:
+        with pytest.raises(UnknownBackendError, match=r"store 'broken' .* does not implement .*create"):
+            get_store_class("broken")
+    finally:
+        globals().pop("_HALF_A_STORE")
+    plugged(rerankers.ENTRY_POINT_GROUP, "json:loads")
+    with pytest.raises(UnknownBackendError, match=r"reranker 'broken' \(json:loads\) is not a class"):
+        get_reranker("broken")
+    # a module that raises at import (a plugin's own bug, or its dependency's)
+    import sys
+    import types
+
+    plugged(stores.ENTRY_POINT_GROUP, "vecplug_plugin_that_raises:Store")
+
+    class Raising(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError("the plugin's setup failed")
+
+    monkeypatch.setitem(sys.modules, "vecplug_plugin_that_raises", Raising("vecplug_plugin_that_raises"))
+    with pytest.raises(UnknownBackendError, match="cannot be loaded: RuntimeError: the plugin's setup failed"):
         get_store_class("broken")
 
 

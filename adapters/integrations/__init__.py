@@ -6,9 +6,9 @@ the ``vecplug.integrations`` entry-point group and loaded with :func:`load_integ
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
 from typing import Any
 
+from vecplug.adapters.plugins import load, registered
 from vecplug.errors import MissingDependencyError, UnknownBackendError
 
 BUILTIN_INTEGRATIONS: dict[str, str] = {
@@ -24,10 +24,7 @@ REQUIRES = {"langchain": ("langchain_core", "langchain-core", "langchain"),
 
 
 def available_integrations() -> dict[str, str]:
-    found = dict(BUILTIN_INTEGRATIONS)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+    return registered(BUILTIN_INTEGRATIONS, ENTRY_POINT_GROUP)
 
 
 def require(name: str) -> None:
@@ -46,5 +43,4 @@ def load_integration(name: str) -> Any:
         raise UnknownBackendError(f"unknown integration '{name}'; known: {', '.join(sorted(known))}")
     if name in REQUIRES:
         require(name)
-    module, _, attr = known[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return load("integration", name, known[name])

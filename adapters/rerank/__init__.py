@@ -8,13 +8,12 @@ so importing this package costs neither torch nor transformers.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 from typing import Any
 
+from vecplug.adapters.plugins import load, registered
 from vecplug.adapters.rerank.base import Query, Reranker, RerankContext
 from vecplug.adapters.stores.base import StoreHit
 from vecplug.errors import ConfigError, UnknownBackendError
@@ -35,10 +34,7 @@ __all__ = ["BUILTIN_RERANKERS", "ENTRY_POINT_GROUP", "Query", "RerankContext", "
 
 def available_rerankers() -> dict[str, str]:
     """Every known reranker name with its ``module:Class`` target."""
-    found = dict(BUILTIN_RERANKERS)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+    return registered(BUILTIN_RERANKERS, ENTRY_POINT_GROUP)
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -63,12 +59,7 @@ def get_reranker(spec: str, **options: Any) -> Reranker:
     if name not in known:
         raise UnknownBackendError(
             f"unknown reranker '{name}'; known rerankers: {', '.join(sorted(known))}")
-    module_name, _, attr = known[name].partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        # a plugin's entry point naming a module or class that is not there (a broken install)
-        raise UnknownBackendError(f"reranker '{name}' ({known[name]}) cannot be loaded: {exc}") from exc
+    cls = load("reranker", name, known[name])  # any class with the contract's rerank()
     target = getattr(cls, "spec_argument", DEFAULT_SPEC_ARGUMENT)
     if arg is not None:
         if target in options and options[target] != arg:

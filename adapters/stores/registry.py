@@ -2,10 +2,9 @@
 ``vecplug.stores`` entry-point group (``name = "package.module:Class"``)."""
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
+from vecplug.adapters.plugins import load, registered
 from vecplug.errors import UnknownBackendError
 
 if TYPE_CHECKING:
@@ -20,21 +19,15 @@ ENTRY_POINT_GROUP = "vecplug.stores"
 
 def available_stores() -> dict[str, str]:
     """Every known store name with its ``module:Class`` target."""
-    found = dict(BUILTIN_STORES)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+    return registered(BUILTIN_STORES, ENTRY_POINT_GROUP)
 
 
 def get_store_class(name: str) -> type["VectorStore"]:
     """Import and return the store class registered as ``name``."""
+    from vecplug.adapters.stores.base import VectorStore
+
     stores = available_stores()
     if name not in stores:
         raise UnknownBackendError(
             f"unknown store '{name}'; known stores: {', '.join(sorted(stores))}")
-    module_name, _, attr = stores[name].partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        # a plugin's entry point naming a module or class that is not there (a broken install)
-        raise UnknownBackendError(f"store '{name}' ({stores[name]}) cannot be loaded: {exc}") from exc
+    return load("store", name, stores[name], VectorStore)
