@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,19 +206,26 @@ class TextEncoder:
                             verbose=False)["offset_mapping"]
 
     def encode(self, texts: Sequence[str], prefix: str = "", max_length: int = 512,
-               progress: bool | None = None, desc: str = "encoding") -> np.ndarray:
-        """Embed ``texts`` (prefix prepended) into an (n, dim) float32 array of unit vectors."""
+               progress: bool | None = None, desc: str = "encoding",
+               on_cut: Callable[[int], None] | None = None) -> np.ndarray:
+        """Embed ``texts`` (prefix prepended) into an (n, dim) float32 array of unit vectors.
+        ``on_cut`` is told how many of them reached the length limit (their ends are not
+        embedded; one exactly as long counts too)."""
         import torch
         from tqdm.auto import tqdm
 
         out = np.zeros((len(texts), self.out_dim), dtype=np.float32)
         if not texts:
             return out
+        ids = self.tokenize(texts, prefix, max_length)
+        if on_cut is not None:
+            limit = min(max_length, self.model_max_length)
+            on_cut(sum(len(seq) >= limit for seq in ids))
         show = progress if progress is not None else len(texts) >= 512
         # no bar object at all when hidden: even a disabled one costs a query ~0.2 ms
         bar = tqdm(total=len(texts), desc=desc, unit="text", leave=False) if show else None
         with torch.inference_mode():
-            for batch, input_ids, mask in self._batches(self.tokenize(texts, prefix, max_length)):
+            for batch, input_ids, mask in self._batches(ids):
                 pooled = self._pooled(input_ids, mask)
                 if self.post is not None:
                     pooled = self.post(pooled)
@@ -401,6 +408,10 @@ class Encoder:
         self.runtime = runtime
         #: torch runtime: a long-lived encoder traces its model (``indexer.traced``)
         self.trace = trace
+        #: documents whose text reached document_max_length, over every encode_documents call:
+        #: only their beginning is embedded (the integrations warn; an indexing run reports it)
+        self.documents_cut = 0
+        self._cut_lock = threading.Lock()
         #: which version of the documents' int8 recipe encodes documents (None: the current
         #: one): an index of int8 documents keeps the version it was built with
         self.document_int8_version = document_int8_version
@@ -516,9 +527,14 @@ class Encoder:
                 - shared.tokenizer.num_special_tokens_to_add(pair=False) - len(prefix))
 
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
-        """(n, dim) float32 unit vectors of ``texts`` (a list of strings), as documents."""
+        """(n, dim) float32 unit vectors of ``texts`` (a list of strings), as documents.
+        :attr:`documents_cut` counts those cut at ``document_max_length``."""
         return self.document.encode(text_list(texts), self.document_prefix, self.document_max_length,
-                                    progress, desc="documents")
+                                    progress, desc="documents", on_cut=self._count_cut)
+
+    def _count_cut(self, n: int) -> None:
+        with self._cut_lock:
+            self.documents_cut += n
 
     def encode_queries(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
         """(n, dim) float32 unit vectors of ``texts`` (a list of strings), as queries."""

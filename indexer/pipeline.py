@@ -53,6 +53,9 @@ class IndexReport:
     encode_seconds: float = 0.0
     languages: Counter = field(default_factory=Counter)
     problems: list[Problem] = field(default_factory=list)
+    #: documents encoded this run whose text reached the document encoder's length limit:
+    #: only their beginning is embedded (records are not cut into passages)
+    cut: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -203,8 +206,10 @@ class _Writer:
                 self._pace()
             return
         t0 = time.perf_counter()
+        cut_before = getattr(self.encoder, "documents_cut", 0)
         vectors = self.encoder.encode_documents([d.text for d in todo], progress=False)
         self.report.encode_seconds += time.perf_counter() - t0
+        self.report.cut += getattr(self.encoder, "documents_cut", 0) - cut_before
         ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
         for d in (d for d, good in zip(todo, ok) if not good):
             self.report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "

@@ -375,6 +375,19 @@ def test_passages_longer_than_the_encoder_keeps_are_refused(tmp_path: Path, tiny
     assert "passages of 126 tokens" in run("info")
 
 
+def test_records_longer_than_the_encoder_keeps_are_counted(tmp_path: Path, tiny_model: Path) -> None:
+    """A JSONL record is one document, not cut into passages: one longer than the encoder keeps
+    was embedded by its beginning only, without a word."""
+    root = tmp_path / "c"
+    root.mkdir()
+    long = " ".join(["water boils at one hundred degrees"] * 40)
+    (root / "r.jsonl").write_text(json.dumps({"id": "long", "text": long}) + "\n"
+                                  + json.dumps({"id": "short", "text": "water"}) + "\n")
+    out = run("index", str(root), "--model", str(tiny_model), "--lang", "en", "-q")
+    assert ("note: 1 document reaches the document encoder's limit (128 tokens): only the beginning is "
+            "embedded") in out
+
+
 def test_settings_of_a_new_index_are_not_ignored_silently(corpus: Path, tiny_model: Path, tiny_student: Path) -> None:
     """--no-debias and --query-encoder set a new index's defaults; given to an existing index
     they were ignored without a word."""

@@ -54,6 +54,17 @@ def test_langchain(tiny_model: Path, tiny_student: Path) -> None:
     found = store.similarity_search(DOCS[2], k=1)
     assert found[0].page_content == DOCS[2]
 
+    # a chunk longer than the document encoder keeps (a splitter's default 4,000 characters):
+    # its end was dropped without a word; the first such batch warns, once per encoder
+    import warnings
+
+    long = " ".join(["water boils at one hundred degrees"] * 40)  # over the tiny model's 128 tokens
+    with pytest.warns(UserWarning, match=r"1 of 2 texts reach the document encoder's limit \(128 tokens\)"):
+        emb.embed_documents([long, "short"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        emb.embed_documents([long])
+
 
 def test_llamaindex(tiny_model: Path, tiny_student: Path) -> None:
     pytest.importorskip("llama_index.core")

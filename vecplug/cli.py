@@ -122,6 +122,11 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
                f"index holds {total}")
     if langs:
         click.echo(f"languages: {langs}")
+    if report.cut:
+        limit = built.get("document_max_length")
+        click.echo(f"note: {report.cut} document{'s reach' if report.cut != 1 else ' reaches'} the document "
+                   f"encoder's limit ({limit} tokens): only the beginning is embedded. Records (.jsonl, .csv) are not cut into passages: split long "
+                   "ones, or index them as .txt/.md files", err=True)
 
 
 @cli.command("search")

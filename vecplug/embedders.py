@@ -7,12 +7,29 @@ teacher, in the vector space of a vecplug index.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 DEFAULT_MODEL = "me5-small"
+
+
+def encode_documents(encoder: Any, texts: Sequence[str]) -> np.ndarray:
+    """``encoder.encode_documents(texts)``, warning once per encoder when some texts reach the
+    document length limit: a framework's chunks (LlamaIndex's 1,024 tokens, LangChain splitters'
+    4,000 characters) are often longer, and what is past the limit is never embedded, nor found."""
+    before = getattr(encoder, "documents_cut", 0)
+    vectors = encoder.encode_documents(texts)
+    cut = getattr(encoder, "documents_cut", 0) - before
+    if cut and not getattr(encoder, "warned_cut", False):
+        encoder.warned_cut = True
+        warnings.warn(f"{cut} of {len(texts)} texts reach the document encoder's limit "
+                      f"({encoder.document_max_length} tokens): only their beginning is embedded. Split "
+                      "texts into smaller chunks (about 200 tokens: the size vecplug's passages have), or "
+                      "give a longer model.document_max_length", UserWarning, stacklevel=3)
+    return vectors
 
 
 def load_encoder(document: str | None = None, query: str | None = None, *,
@@ -98,8 +115,8 @@ class DocumentEncoder(_Side):
         return load_encoder(document=model, index=index)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """(n, dim) float32 unit vectors."""
-        return self._encoder.encode_documents(texts)
+        """(n, dim) float32 unit vectors (a warning when some are cut at the length limit)."""
+        return encode_documents(self._encoder, texts)
 
     def query_encoder(self) -> QueryEncoder:
         return QueryEncoder(encoder=self._encoder)

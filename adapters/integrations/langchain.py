@@ -28,7 +28,9 @@ class VecplugEmbeddings(Embeddings):
         self.encoder = encoder if encoder is not None else load_encoder(document, query, index=index)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self.encoder.encode_documents(texts).tolist()
+        from vecplug.embedders import encode_documents
+
+        return encode_documents(self.encoder, texts).tolist()
 
     def embed_query(self, text: str) -> list[float]:
         return self.encoder.encode_queries([text])[0].tolist()

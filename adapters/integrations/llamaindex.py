@@ -72,10 +72,12 @@ class VecplugEmbedding(BaseEmbedding):
         return self._encoder.encode_queries([query])[0].tolist()
 
     def _get_text_embedding(self, text: str) -> list[float]:
-        return self._encoder.encode_documents([text])[0].tolist()
+        return self._get_text_embeddings([text])[0]
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._encoder.encode_documents(texts).tolist()
+        from vecplug.embedders import encode_documents
+
+        return encode_documents(self._encoder, texts).tolist()
 
     # async: the model runs in a worker thread (the event loop goes on), one batch per call
     # (LlamaIndex's default would gather one call per text), one call at a time
