@@ -417,6 +417,135 @@ def test_hnswlib_damaged_graph_is_reported(tmp_path: Path) -> None:
         cls.open(str(location), {})
 
 
+@pytest.mark.parametrize("moment", ["before the full check", "before the row count", "before hnswlib loads"])
+@pytest.mark.parametrize("following", [False, True], ids=["opening", "following"])
+def test_hnswlib_reader_reads_past_a_commit_landing_while_it_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   moment: str, following: bool) -> None:
+    """A writer's commit removes the last generation's graph file and changes the rows. One that
+    landed while a reader (opening, or following the writer to its last commit) checked and
+    loaded the generation it had read was taken for damage: "vectors-2.hnsw is missing",
+    "records.sqlite holds 6 records, its commit recorded 4", "vectors-2.hnsw cannot be loaded
+    (Cannot open file)". The reader reads the new commit instead; a graph file gone with no
+    commit is still damage."""
+    from vecplug.adapters.stores import hnsw
+    from vecplug.errors import CorruptIndexError
+
+    store_cls = hnsw.HnswStore
+    location = tmp_path / "idx"
+    vecs = unit_vectors(16, DIM, seed=16)
+    writer = store_cls.create(str(location), DIM, {"dim": DIM}, {})
+    armed = False  # the reader is at it
+    landed: list[int] = []  # the generation of the commit that landed
+
+    def commit(start: int) -> None:
+        writer.upsert(records(2, start=start), vecs[start:start + 2])
+        writer.commit()
+
+    def land() -> None:  # once, when the reader reaches the moment
+        if armed and not landed:
+            landed.append(int(writer._meta["generation"]) + 1)  # noqa: SLF001
+            commit(14)
+
+    full, check = store_cls._full_check, hnsw.check_graph_file
+
+    def full_check(*args: Any, **kwargs: Any) -> list[str]:
+        if moment == "before the full check":
+            land()
+        return full(*args, **kwargs)
+
+    def check_graph_file(path: Path, dim: int) -> str | None:
+        problem = check(path, dim)
+        if moment != "before the full check" and not path.name.startswith("."):  # not the writer's own
+            land()
+        return problem
+
+    with monkeypatch.context() as patch:
+        # the full check (which checks the graph file too) runs unless the files are as the
+        # writer left them
+        patch.setattr(store_cls, "_stamp_matches", staticmethod(lambda folder, stats: moment == "before hnswlib loads"))
+        patch.setattr(store_cls, "_full_check", staticmethod(full_check))
+        patch.setattr(hnsw, "check_graph_file", check_graph_file)
+        try:
+            commit(0)
+            commit(10)  # 4 records, generation 2
+            reader = store_cls.open(str(location), {}) if following else None
+            armed = True
+            if following:
+                commit(12)  # the reader moves to it at its next read; the commit of 14 lands meanwhile
+            else:
+                reader = store_cls.open(str(location), {})
+            assert reader is not None
+            try:
+                hits = reader.search(vecs[15], 3)
+                assert landed == [writer._meta["generation"]]  # noqa: SLF001 - it did land in the load
+                assert reader.commit_token() == writer.commit_token()
+                assert hits[0].record.id == "doc/15.txt#0" and reader.count() == writer.count()
+            finally:
+                reader.close()
+        finally:
+            writer.close()
+    (location / f"vectors-{landed[0]}.hnsw").unlink()
+    with pytest.raises(CorruptIndexError, match=f"vectors-{landed[0]}.hnsw is missing"):
+        store_cls.open(str(location), {})
+
+
+def test_hnswlib_index_in_a_read_only_folder_is_searched() -> None:
+    """An index in a folder the reader may not write (a read-only mount, another user's index)
+    is searched: a plain read-only open of SQLite's WAL database makes its log and the log's
+    index beside it, and failed ("unable to open database file" or "attempt to write a readonly
+    database"; "the last commit is intact"). With commits still in a log that SQLite cannot
+    index there, the error says the folder is read-only. (As root, permissions do not bind, so
+    the child acts as the user nobody.)"""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent("""
+        import os, sys
+        import hnswlib
+        from vecplug.adapters.stores.hnsw import HnswStore
+        from vecplug.errors import StorageError
+        if os.geteuid() == 0:  # everything loaded first: as nobody, the files may not be readable
+            os.setegid(65534)
+            os.seteuid(65534)
+        for location in sys.argv[1:]:
+            try:
+                store = HnswStore.open(location, {})
+                print(store.count(), store.search(store.vectors(["doc/3.txt#0"])[0], 1)[0].record.id)
+                store.close()
+            except StorageError as exc:
+                print("StorageError:", exc)
+    """)
+    base = Path(os.environ.get("TMPDIR", "/tmp")) / f"vecplug-ro-stores-{os.getpid()}"
+    base.mkdir(mode=0o755)
+    try:
+        clean, pending = base / "clean", base / "pending"
+        writer = get_store_class("hnswlib").create(str(clean), DIM, {"dim": DIM}, {})
+        writer.upsert(records(10), unit_vectors(10, DIM))
+        writer.commit()
+        # a copy taken while the writer is open: its commits only in records.sqlite-wal
+        shutil.copytree(clean, pending, ignore=shutil.ignore_patterns("*-shm", "writer.lock"))
+        writer.close()
+        assert not (clean / "records.sqlite-wal").exists() and (pending / "records.sqlite-wal").stat().st_size
+        for folder in (clean, pending):
+            for f in folder.iterdir():
+                f.chmod(0o444)
+            folder.chmod(0o555)
+        proc = subprocess.run([sys.executable, "-c", child, str(clean), str(pending)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == "10 doc/3.txt#0", proc.stdout
+        assert "its folder is read-only" in lines[1] and "records.sqlite-wal" in lines[1], proc.stdout
+    finally:
+        for folder in (base / "clean", base / "pending"):
+            if folder.exists():
+                folder.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_qdrant_unreachable_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     import re
     import socket

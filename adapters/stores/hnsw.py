@@ -62,8 +62,8 @@ STAMP_NAME = ".verified.json"
 #: COMPACT_MIN of them): hnswlib keeps deleted vectors in the graph, marked
 COMPACT_SHARE = 0.25
 COMPACT_MIN = 64
-# a reader that finds the graph file of the generation it just read gone (a writer
-# committed in between) reads the commit record again, this many times
+# a reader whose check of the generation it just read fails while a writer commits (which
+# removes the last generation's graph file) reads the commit record again, this many times
 _OPEN_RETRIES = 5
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records(
@@ -116,12 +116,39 @@ def _foreign_files(folder: Path) -> list[str]:
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
 
 
+def _read_only_folder(folder: Path) -> bool:
+    """Whether this process may not write in ``folder`` (a read-only mount, another user's folder)."""
+    return not os.access(folder, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _wal_pending(path: Path) -> bool:
+    """Whether the write-ahead log of the database at ``path`` holds anything (commits not yet
+    in the database file; SQLite leaves an empty one behind an open connection)."""
+    try:
+        return Path(f"{path}-wal").stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def _reader_uri(path: Path) -> str:
+    """The URI a reader opens the database at ``path`` with. SQLite makes a WAL database's log
+    and its index beside it at every open, which a read-only folder refuses: there, with no
+    log pending, the database is opened as immutable (read without them and without locks).
+    No writer can be at work in a folder without a log (it would have made one); a writer
+    who starts later is not followed. With a log pending, immutable would read the database
+    without its last commits."""
+    uri = path.resolve().as_uri() + "?mode=ro"
+    if _read_only_folder(path.parent) and not _wal_pending(path):
+        uri += "&immutable=1"
+    return uri
+
+
 def _uncommitted(path: Path) -> bool:
     """Whether the database at ``path`` holds no commit record: an index whose creation was
     cut short (by versions that put the database in place before its first commit). One that
     cannot be read is not taken for that: opening it reports the damage."""
     try:
-        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        db = sqlite3.connect(_reader_uri(path), uri=True)
     except sqlite3.Error:
         return False
     try:
@@ -289,7 +316,7 @@ class HnswStore(VectorStore):
     def _open(cls, folder: Path, writable: bool, lock: WriterLock | None,
               options: dict[str, Any]) -> "HnswStore":
         path = folder / DB_NAME
-        uri = path.resolve().as_uri() + ("" if writable else "?mode=ro")
+        uri = path.resolve().as_uri() if writable else _reader_uri(path)
         try:
             db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -307,6 +334,11 @@ class HnswStore(VectorStore):
             return store
         except sqlite3.Error as exc:
             db.close()
+            if (not writable and getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN"
+                    and _read_only_folder(folder)):  # SQLite says only that it cannot open the file
+                why = (f", and reading the commits pending in {DB_NAME}-wal needs SQLite to write "
+                       "beside it: open the index once where it can be written" if _wal_pending(path) else "")
+                raise StorageError(f"cannot read {path} ({exc}): its folder is read-only{why}") from exc
             raise _sqlite_error(exc, path) from exc
         except BaseException:
             db.close()
@@ -314,17 +346,32 @@ class HnswStore(VectorStore):
 
     @classmethod
     def _load_current(cls, folder: Path, db: sqlite3.Connection) -> tuple[dict[str, Any], Any]:
-        """The last commit's record and its checked, loaded graph."""
-        for attempt in range(_OPEN_RETRIES):
-            meta = cls._read_meta(db, folder / DB_NAME)
+        """The last commit's record and its checked, loaded graph.
+
+        The record and the rows are read in one transaction: read one statement at a time, a
+        writer's commit between them made the row count disagree with the record. The graph
+        file is outside it: a writer that commits a new generation removes the last one, which
+        a reader may be about to check or load. A failed check is therefore damage only when the
+        commit record did not move meanwhile; when it did, the new commit is read."""
+        for _ in range(_OPEN_RETRIES):
+            db.execute("BEGIN")  # deferred: the snapshot is the first read's
             try:
-                return meta, cls._checked_graph(folder, db, meta)
-            except FileNotFoundError:
-                # a writer committed a new generation and removed this one: read again
-                if attempt == _OPEN_RETRIES - 1:
+                meta = cls._read_meta(db, folder / DB_NAME)
+                try:
+                    return meta, cls._checked_graph(folder, db, meta)
+                except (FileNotFoundError, CorruptIndexError) as exc:
+                    failure: Exception = exc
+            finally:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")  # only read
+            last = cls._read_meta(db, folder / DB_NAME)  # the last commit now, past the snapshot
+            if (last["generation"], last.get("checksum")) == (meta["generation"], meta.get("checksum")):
+                if isinstance(failure, FileNotFoundError):
                     raise CorruptIndexError(f"{folder / str(meta['hnsw_file'])} is missing: "
                                             "the index is damaged") from None
-        raise AssertionError("unreachable")
+                raise failure
+        raise StorageError(f"the index at {folder} is busy: a writer committed {_OPEN_RETRIES} times "
+                           "while it was being opened; try again")
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:
