@@ -38,6 +38,8 @@ CRLF, lone CR                                  decoded as a line break (lines ar
 U+2028, U+0085, form feed...                   kept as characters, not line breaks
 huge single-line text (under the limit)        chunked; tokenized in blocks of ~64K chars
 Markdown heading over 200 characters           not used as title (still indexed as text)
+Markdown title over a quarter of what the      cut in the embedded text (whole as payload);
+  encoder keeps (``room``)                     passages leave room for it
 JSONL/CSV: one enormous line under the limit   read as one record (records are not chunked),
                                                or reported like any other line
 JSONL: malformed line, not an object           line reported
