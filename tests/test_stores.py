@@ -546,6 +546,51 @@ def test_hnswlib_index_in_a_read_only_folder_is_searched() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_hnswlib_reader_in_a_read_only_folder_follows_the_owner_s_commits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader opened as immutable (its folder is not writable: a search service running as
+    another user over an index a cron job updates) never saw a commit: it served deleted
+    documents, then mixed old and new pages and called the index damaged. It reopens when the
+    database files change: immutable again when the writer has finished; while its log is
+    pending, as a plain reader (here, where the folder is in fact writable; in a read-only one
+    that open fails, says so, and the next read tries again)."""
+    from vecplug.adapters.stores import hnsw
+
+    location = tmp_path / "idx"
+    vecs = unit_vectors(40, DIM, seed=5)
+    writer = hnsw.HnswStore.create(str(location), DIM, {"dim": DIM}, {})
+    writer.upsert(records(20), vecs[:20])
+    writer.commit()
+    writer.close()
+    # root writes anywhere: the folder is taken for read-only, as it would be for the user nobody
+    monkeypatch.setattr(hnsw, "_read_only_folder", lambda folder: True)
+    reader = hnsw.HnswStore.open(str(location), {})
+    try:
+        assert reader._frozen is not None and reader.count() == 20  # noqa: SLF001 - opened immutable
+        writer = hnsw.HnswStore.open(str(location), {}, writable=True)
+        writer.delete([r.id for r in records(10)])
+        writer.upsert(records(20, start=20), vecs[20:])
+        writer.commit()
+        assert reader.count() == 30 and reader.get(["doc/0.txt#0"]) == []
+        assert reader.search(vecs[25], 1)[0].record.id == "doc/25.txt#0"
+        writer.close()
+        assert {h.record.id for h in reader.search(vecs[5], 30)} == {r.id for r in records(30, start=10)}
+    finally:
+        reader.close()
+    # opened when no writer is at work, and again after one has finished: immutable, current
+    # (a writer closing last folds the log into the database: above, the plain reader was last)
+    hnsw.HnswStore.open(str(location), {}, writable=True).close()
+    reader = hnsw.HnswStore.open(str(location), {})
+    try:
+        writer = hnsw.HnswStore.open(str(location), {}, writable=True)
+        writer.delete([r.id for r in records(5, start=10)])
+        writer.commit()
+        writer.close()
+        assert reader.count() == 25 and reader._frozen is not None  # noqa: SLF001
+    finally:
+        reader.close()
+
+
 def test_qdrant_unreachable_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     import re
     import socket

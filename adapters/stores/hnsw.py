@@ -213,6 +213,10 @@ class HnswStore(VectorStore):
         # a failed commit could not put the last commit's graph back (why): reads refuse
         self._graph_lost: str | None = None
         self._data_version: int | None = None  # PRAGMA data_version at the last _refresh
+        # a reader opened as immutable (a folder it cannot write): its database files as they
+        # were then. SQLite does not see another process's commits there (data_version never
+        # moves), and reading on while they land mixes pages: a change means a new connection
+        self._frozen: dict[str, list[int] | None] | None = None
         # per language set: labels, and their vectors as columns or (too many) a set of labels
         self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
 
@@ -315,29 +319,54 @@ class HnswStore(VectorStore):
     @classmethod
     def _open(cls, folder: Path, writable: bool, lock: WriterLock | None,
               options: dict[str, Any]) -> "HnswStore":
+        if not writable:
+            db, meta, index, frozen = cls._open_reader(folder)
+            store = cls(folder, db, meta, index, writable, lock, options)
+            store._frozen = frozen
+            return store
         path = folder / DB_NAME
-        uri = path.resolve().as_uri() if writable else _reader_uri(path)
+        try:
+            db = sqlite3.connect(path.resolve().as_uri(), uri=True, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc, path) from exc
+        try:
+            db.execute("PRAGMA journal_mode=WAL")  # indexes made before WAL switch here
+            db.execute("PRAGMA synchronous=FULL")  # a commit is durable once it returns
+            cls._migrate(db)
+            meta, index = cls._load_current(folder, db)
+            store = cls(folder, db, meta, index, writable, lock, options)
+            store._remove_orphans()
+            db.execute("BEGIN")
+            return store
+        except sqlite3.Error as exc:
+            db.close()
+            raise _sqlite_error(exc, path) from exc
+        except BaseException:
+            db.close()
+            raise
+
+    @classmethod
+    def _open_reader(cls, folder: Path) -> tuple[sqlite3.Connection, dict[str, Any], Any,
+                                                 dict[str, list[int] | None] | None]:
+        """A reader's connection, the last commit's record and graph, and (opened as immutable)
+        the database files' stats as they were just before."""
+        path = folder / DB_NAME
+        frozen = _file_stats(folder, (DB_NAME, DB_NAME + "-wal"))
+        uri = _reader_uri(path)
         try:
             db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise _sqlite_error(exc, path) from exc
         try:
-            if writable:
-                db.execute("PRAGMA journal_mode=WAL")  # indexes made before WAL switch here
-                db.execute("PRAGMA synchronous=FULL")  # a commit is durable once it returns
-                cls._migrate(db)
             meta, index = cls._load_current(folder, db)
-            store = cls(folder, db, meta, index, writable, lock, options)
-            if writable:
-                store._remove_orphans()
-                db.execute("BEGIN")
-            return store
+            return db, meta, index, (frozen if uri.endswith("immutable=1") else None)
         except sqlite3.Error as exc:
             db.close()
-            if (not writable and getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN"
-                    and _read_only_folder(folder)):  # SQLite says only that it cannot open the file
+            if getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN" and _read_only_folder(folder):
+                # SQLite says only that it cannot open the file
                 why = (f", and reading the commits pending in {DB_NAME}-wal needs SQLite to write "
-                       "beside it: open the index once where it can be written" if _wal_pending(path) else "")
+                       "beside it: open the index once where it can be written, or again when its "
+                       "writer has finished" if _wal_pending(path) else "")
                 raise StorageError(f"cannot read {path} ({exc}): its folder is read-only{why}") from exc
             raise _sqlite_error(exc, path) from exc
         except BaseException:
@@ -515,10 +544,19 @@ class HnswStore(VectorStore):
     def _sql(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         if self._db is None:
             raise VecplugError(f"the index at {self.folder} is closed")
+        if self._frozen is not None:  # an immutable reader sees no commit unless it reopens
+            with self._mutex:
+                self._refresh()
         try:
             return self._db.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
-            raise _sqlite_error(exc, self.folder / DB_NAME) from exc
+            error = _sqlite_error(exc, self.folder / DB_NAME)
+            if (isinstance(error, CorruptIndexError) and self._frozen is not None
+                    and _file_stats(self.folder, (DB_NAME, DB_NAME + "-wal")) != self._frozen):
+                # a commit landing under an immutable reader, not damage: the next read reopens
+                raise StorageError(f"{self.folder} changed while this reader (in a folder it cannot "
+                                   "write) read it: try again") from exc
+            raise error from exc
 
     def _records(self, where: str, args: Sequence[Any]) -> list[tuple[int, Record]]:
         out = []
@@ -542,6 +580,10 @@ class HnswStore(VectorStore):
         graph). Under the mutex."""
         if self._writable or self._db is None:
             return
+        if self._frozen is not None:
+            if _file_stats(self.folder, (DB_NAME, DB_NAME + "-wal")) != self._frozen:
+                self._reopen()
+            return
         # SQLite's count of other connections' commits: one cheap pragma when nothing was
         # committed since the last look (a search looks several times: manifest, token, graph)
         version = self._sql("PRAGMA data_version")[0][0]
@@ -555,6 +597,18 @@ class HnswStore(VectorStore):
         except BaseException:
             self._data_version = None
             raise
+
+    def _reopen(self) -> None:
+        """A reader opened as immutable whose database files changed: a new connection on the
+        last commit (immutable again once the writer is done, else as a plain reader)."""
+        db, meta, index, frozen = self._open_reader(self.folder)
+        # the old connection is not closed here: another thread may be reading through it
+        # (outside the mutex, as count() does); it closes when the last reference goes
+        self._db = db
+        self._meta, self._index, self._frozen = meta, index, frozen
+        self._next_label = int(meta["next_label"])
+        self._filter_cache.clear()
+        self._data_version = None
 
     def _move_to_last_commit(self) -> None:
         rows = {key: json.loads(value) for key, value in
