@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 #: 4: residual additions and layer norms left unfused (:data:`UNFUSED`). 5: the documents'
 #: ``int8`` recipe of version 2 (:data:`DOCUMENT_INT8_VERSION`). 6: the key covers the config
 #: and the calibration's prefixes (:func:`shape_key`); older entries may hold another config's graph.
-RECIPE = 6
+#: 7: the FFN down-projections found by the hidden size (:func:`_narrowing`: a student pruned
+#: below it had its up-projections smoothed and kept in float32).
+RECIPE = 7
 #: ORT fusions vecplug leaves out, in the graph and in the session. ORT's CPU kernel for
 #: SkipLayerNormalization (residual add + layer norm in one op) is several times slower here
 #: than the add and the layer norm it replaces (onnxruntime 1.32, AVX2); unfused, the same
