@@ -209,8 +209,8 @@ class TextEncoder:
                progress: bool | None = None, desc: str = "encoding",
                on_cut: Callable[[int], None] | None = None) -> np.ndarray:
         """Embed ``texts`` (prefix prepended) into an (n, dim) float32 array of unit vectors.
-        ``on_cut`` is told how many of them reached the length limit (their ends are not
-        embedded; one exactly as long counts too)."""
+        ``on_cut`` is told how many of them are longer than the length limit (their ends are
+        not embedded)."""
         import torch
         from tqdm.auto import tqdm
 
@@ -220,7 +220,9 @@ class TextEncoder:
         ids = self.tokenize(texts, prefix, max_length)
         if on_cut is not None:
             limit = min(max_length, self.model_max_length)
-            on_cut(sum(len(seq) >= limit for seq in ids))
+            # one token more tells a text cut from one that fits exactly (as passages do)
+            full = [prefix + texts[i] for i, seq in enumerate(ids) if len(seq) >= limit]
+            on_cut(sum(len(seq) > limit for seq in self._shared.ids(full, limit + 1)) if full else 0)
         show = progress if progress is not None else len(texts) >= 512
         # no bar object at all when hidden: even a disabled one costs a query ~0.2 ms
         bar = tqdm(total=len(texts), desc=desc, unit="text", leave=False) if show else None

@@ -53,8 +53,9 @@ class IndexReport:
     encode_seconds: float = 0.0
     languages: Counter = field(default_factory=Counter)
     problems: list[Problem] = field(default_factory=list)
-    #: documents encoded this run whose text reached the document encoder's length limit:
-    #: only their beginning is embedded (records are not cut into passages)
+    #: documents encoded this run whose text is longer than the document encoder keeps: only
+    #: their beginning is embedded (records are not cut into passages; passages of an index
+    #: built longer than the encoder keeps)
     cut: int = 0
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -371,8 +372,22 @@ def test_passages_longer_than_the_encoder_keeps_are_refused(tmp_path: Path, tiny
               ok=False)
     assert "corpus.chunk_tokens (200 tokens) is more than the document encoder keeps of a passage: 126 tokens" in out
     assert "--chunk-tokens 126 or less" in out
-    run("index", str(root), "--model", str(tiny_model), "--lang", "en", "-q")
+    out = run("index", str(root), "--model", str(tiny_model), "--lang", "en", "-q")
     assert "passages of 126 tokens" in run("info")
+    assert "note:" not in out  # passages that fit exactly are not counted as cut
+
+    # an index built before passages were fitted (its manifest says 200) is updated as it is:
+    # another length would cut and encode every passage again; the passages cut are counted
+    from vecplug.api import Index
+    from vecplug.config import load_settings
+
+    with Index.open(load_settings(overrides={"index": {"path": ".vecplug"}}), writable=True) as index:
+        index.store.commit({"corpus": {**index.manifest["corpus"], "chunk_tokens": 200}})
+    (root / "more.txt").write_text(" ".join(f"term{i} river stone" for i in range(100)))
+    out = run("index", str(root), "--lang", "en", "-q")
+    assert re.search(r"note: \d+ documents are longer than the document encoder keeps \(128 tokens\)", out)
+    assert "this index's passages of 200 tokens do not fit either (up to 126 do): build it again with " \
+           "--chunk-tokens 126" in out
 
 
 def test_records_longer_than_the_encoder_keeps_are_counted(tmp_path: Path, tiny_model: Path) -> None:
@@ -384,8 +399,8 @@ def test_records_longer_than_the_encoder_keeps_are_counted(tmp_path: Path, tiny_
     (root / "r.jsonl").write_text(json.dumps({"id": "long", "text": long}) + "\n"
                                   + json.dumps({"id": "short", "text": "water"}) + "\n")
     out = run("index", str(root), "--model", str(tiny_model), "--lang", "en", "-q")
-    assert ("note: 1 document reaches the document encoder's limit (128 tokens): only the beginning is "
-            "embedded") in out
+    assert ("note: 1 document is longer than the document encoder keeps (128 tokens): only the beginning is "
+            "embedded") in out and "this index's passages" not in out
 
 
 def test_settings_of_a_new_index_are_not_ignored_silently(corpus: Path, tiny_model: Path, tiny_student: Path) -> None:

@@ -189,22 +189,25 @@ class Index:
         (32 tokens, at most a quarter of a passage) unless one is set.
 
         ``room``: the tokens of a passage the document encoder keeps. The default passage
-        length is cut to it; a length set (or the index's) above it is refused: the end of
-        every passage would never be embedded, nor found."""
+        length is cut to it; a length set above it is refused: the end of every passage would
+        never be embedded, nor found. An index's own length above it (built before passages
+        were fitted) is kept: another would cut and encode every passage again (a run counts
+        the passages it cuts short, :attr:`IndexReport.cut`)."""
         from vecplug.config import CORPUS_DEFAULTS
 
         built = (self.manifest.get("corpus") or {}) if self.store is not None else {}
         c = self.settings.corpus
         tokens = int(c.chunk_tokens or built.get("chunk_tokens") or CORPUS_DEFAULTS["chunk_tokens"])
         if room is not None and tokens > room:
-            if c.chunk_tokens or built.get("chunk_tokens"):
-                where = "corpus.chunk_tokens" if c.chunk_tokens else "the index's passage length"
+            if c.chunk_tokens:
                 raise ConfigError(
-                    f"{where} ({tokens} tokens) is more than the document encoder keeps of a passage: "
-                    f"{room} tokens (model.document_max_length {self.encoder.document_max_length}, less the "
-                    f"prefix and special tokens); the rest of every passage would never be embedded. Set "
-                    f"--chunk-tokens {room} or less, or a longer model.document_max_length")
-            tokens = room
+                    f"corpus.chunk_tokens ({tokens} tokens) is more than the document encoder keeps of a "
+                    f"passage: {room} tokens (model.document_max_length {self.encoder.document_max_length}, "
+                    f"less the prefix and special tokens); the rest of every passage would never be "
+                    f"embedded. Set --chunk-tokens {room} or less (an existing index then cuts and encodes "
+                    f"its passages anew), or, for a new index, a longer model.document_max_length")
+            if not built.get("chunk_tokens"):
+                tokens = room
         if c.chunk_overlap is not None:
             overlap = c.chunk_overlap
         elif built.get("chunk_tokens") == tokens and isinstance(built.get("chunk_overlap"), int):

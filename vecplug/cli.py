@@ -104,6 +104,7 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
         report = index.index_path(path, progress=not quiet)
         total = index.store.count()
         built = index.manifest
+        room = index.encoder.document_room() if report.cut else None
         # settings of a new index only: on an existing one they would be ignored without a word
         if debias is not None and built.get("debias") != debias:
             click.echo(f"note: --{'' if debias else 'no-'}debias sets a new index's default; this one searches "
@@ -123,10 +124,14 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
     if langs:
         click.echo(f"languages: {langs}")
     if report.cut:
-        limit = built.get("document_max_length")
-        click.echo(f"note: {report.cut} document{'s reach' if report.cut != 1 else ' reaches'} the document "
-                   f"encoder's limit ({limit} tokens): only the beginning is embedded. Records (.jsonl, .csv) are not cut into passages: split long "
-                   "ones, or index them as .txt/.md files", err=True)
+        limit, cut = built.get("document_max_length"), report.cut
+        passages = (built.get("corpus") or {}).get("chunk_tokens")
+        click.echo(f"note: {cut} document{'s are' if cut != 1 else ' is'} longer than the document encoder "
+                   f"keeps ({limit} tokens): only the beginning is embedded. Records (.jsonl, .csv) are not "
+                   "cut into passages: split long ones, or index them as .txt/.md files"
+                   + (f"; this index's passages of {passages} tokens do not fit either (up to {room} do): "
+                      f"build it again with --chunk-tokens {room}" if passages and room and passages > room else ""),
+                   err=True)
 
 
 @cli.command("search")
