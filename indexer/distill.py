@@ -31,6 +31,8 @@ from vecplug.errors import ConfigError, ModelError, ModelMismatchError, VecplugE
 from vecplug.types import Problem
 
 WORK = ".distill-work"
+#: what student.json's ``kind`` says
+STUDENT_KIND = "vecplug query student"
 #: training texts whose activations rank the feed-forward neurons (``ffn_width``)
 PRUNE_TEXTS = 1024
 #: config fields added after runs were checkpointed, with their defaults: they count in a run's
@@ -174,6 +176,30 @@ def build_examples(config: DistillConfig,
     return [a for a, _ in examples], [b for _, b in examples], record
 
 
+def check_output(out: Path, teacher: Any) -> None:
+    """Refuse ``out`` when writing the student there would destroy something: the student
+    replaces the whole folder. Only a student of this same teacher (an earlier run's, or the
+    ``--init`` student trained on in place) may be replaced; never the teacher's own folder
+    nor a folder inside it. ``teacher``: the resolved teacher (ModelInfo)."""
+    from vecplug.indexer.student import is_student_folder, read_student_meta
+
+    target, home = out.expanduser().resolve(), Path(teacher.path).resolve()
+    if target == home or home in target.parents:
+        raise ConfigError(f"--out {out} is the teacher's folder {home} or inside it: the student would "
+                          "replace the teacher; choose another folder")
+    if not out.exists():
+        return
+    if out.is_dir() and is_student_folder(out):
+        try:
+            meta = read_student_meta(out)
+        except ModelError:
+            meta = {}
+        if meta.get("kind") == STUDENT_KIND and meta.get("teacher_checksum") == teacher.checksum:
+            return
+    raise ConfigError(f"{out} exists and holds something else (not a student of {teacher.spec}); "
+                      "remove it or choose another --out")
+
+
 # -- the loop --------------------------------------------------------------------------
 
 def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str) -> str:
@@ -234,6 +260,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     if teacher_info.teacher is not None:  # before hours of training: its student could not load
         raise ModelError(f"{config.teacher} is a query student of {teacher_info.teacher.spec} (it has no "
                          f"vocabulary table of its own): distil from {teacher_info.teacher.spec}")
+    check_output(out, teacher_info)  # before any work: the student replaces the whole folder
     teacher = TextEncoder(teacher_info)
     full = int(getattr(teacher.model.config, "intermediate_size", 0))
     if config.ffn_width is not None and not 1 <= config.ffn_width <= full:  # before any work
@@ -360,7 +387,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
 
     seconds = time.perf_counter() - started
     meta = {
-        "kind": "vecplug query student",
+        "kind": STUDENT_KIND,
         "teacher": teacher.info.spec,  # a folder as an absolute path: found from any directory
         "teacher_checksum": teacher.info.checksum,
         "layers": layers,

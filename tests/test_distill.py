@@ -339,3 +339,41 @@ def test_distill_settings_are_checked_before_any_work(tiny_student: Path, tmp_pa
         distill(DistillConfig(teacher=str(tiny_student), layers=1, texts=(str(texts),)), tmp_path / "s2",
                 progress=False)
     assert not (tmp_path / "s2").exists()
+
+
+def test_out_is_never_a_folder_the_student_would_destroy(tiny_model: Path, other_tiny_model: Path,
+                                                        tiny_student: Path, texts_file: Path,
+                                                        tmp_path: Path) -> None:
+    """The student replaces the whole --out folder: a user's folder, the teacher itself (then
+    unloadable, and its index unsearchable) and another teacher's student were replaced
+    silently. Refused before any work; a student of the same teacher is still replaced."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+    from vecplug.errors import ConfigError
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model, teacher)
+    mine = tmp_path / "mydata"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    other_student = tmp_path / "other-student"
+    shutil.copytree(tiny_student, other_student)  # a student of tiny_model, not of other_tiny_model
+    for out, message in ((mine, "exists and holds something else"), (teacher, "the teacher's folder"),
+                         (teacher / "student", "the teacher's folder")):
+        with pytest.raises(ConfigError, match=message):
+            distill(config(teacher, texts_file, epochs=1), out, progress=False)
+        assert not Path(f"{out}.distill-work").exists()  # refused before any work
+    with pytest.raises(ConfigError, match="not a student of"):
+        distill(config(other_tiny_model, texts_file, epochs=1), other_student, progress=False)
+    assert (mine / "notes.txt").read_text() == "precious"
+    assert sorted(p.name for p in teacher.iterdir()) == sorted(p.name for p in tiny_model.iterdir())
+    result = CliRunner().invoke(cli, ["distill", "--teacher", str(teacher), "-k", "1", "--epochs", "1",
+                                      "--texts", str(texts_file), "--out", str(mine), "-q"])
+    assert result.exit_code != 0 and "exists and holds something else" in result.output
+    assert "Traceback" not in result.output and (mine / "notes.txt").is_file()
+    # a student of this teacher (an earlier run's) is replaced by the new one
+    assert distill(config(tiny_model, texts_file, epochs=1), other_student, progress=False) is not None
+    assert json.loads((other_student / "student.json").read_text())["training"]["steps"] == 6

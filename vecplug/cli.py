@@ -272,8 +272,8 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
 @click.option("--ffn-width", type=int, help="Feed-forward neurons kept per layer (me5-small has 1536), the ones "
                                             "contributing most on the training texts: faster queries.")
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Student folder [default: $VECPLUG_HOME/models/TEACHER-student-kN; -local added to a "
-                   "name the package ships].")
+              help="Student folder: new, or a student of the same teacher (replaced) [default: "
+                   "$VECPLUG_HOME/models/TEACHER-student-kN; -local added to a name the package ships].")
 @click.option("--stop-after", type=click.IntRange(min=1), help="Stop after N steps (checkpointed; rerun to resume).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_errors
