@@ -21,9 +21,7 @@ This module does not import the adapters (the indexer layer sits below them); th
 """
 from __future__ import annotations
 
-import csv
 import inspect
-import io
 import json
 import math
 import re
@@ -140,45 +138,25 @@ def _read_jsonl(path: Path, names: tuple[str, ...], problems: list[Problem]) -> 
 
 
 def _read_csv(path: Path, names: tuple[str, ...], problems: list[Problem]) -> list[FieldExample]:
-    # undecodable bytes become surrogate escapes, reported with the record that holds them
-    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
-    reader = csv.reader(io.StringIO(text, newline=""))
+    # the training data's strict reader: a record that fails (an unclosed quote) costs that
+    # record, reported by its line, and reading goes on at the next line; a plain csv.reader
+    # took every later row into the open quote and said so once
+    from vecplug.indexer.corpus import CsvFileLines
+    from vecplug.indexer.train_data import _csv_rows, _Reporter
+
+    report = _Reporter(path, problems)
+    columns = {"query": ("query",), "document": names}
     out: list[FieldExample] = []
-    header: list[str] | None = None
-    end = 0  # last line of the previous record: records may span lines (quoted newlines)
-    while True:
-        start = end + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:
-            end = reader.line_num
-            problems.append(Problem(str(path), f"bad CSV record: {exc}", start))
-            continue
-        end = reader.line_num
-        if not any(cell.strip() for cell in row):
-            continue  # blank line
-        if header is None:
-            header = [c.strip() for c in row]
-            dup = sorted({c for c in header if c and header.count(c) > 1})
-            if dup:
-                raise ConfigError(f"{path}: the CSV header names {', '.join(dup)} more than once")
-            if "query" not in header or not set(names) & set(header):
-                raise ConfigError(f"{path}: a CSV of field examples needs a 'query' column and at least "
-                                  f"one of the columns {', '.join(names)}; the header is {', '.join(header)}")
-            continue
-        if len(row) > len(header):
-            problems.append(Problem(str(path), "row has more cells than the header", start))
-            continue
-        record = dict(zip(header, row))
-        try:
-            query = _query(record.get("query"))
-            doc = _document(record, names)
-        except ValueError as exc:
-            problems.append(Problem(str(path), str(exc), start))
-            continue
-        out.append(FieldExample(query, doc, (), f"{path}:{start}"))
+    with path.open("rb") as file:
+        for lineno, record in _csv_rows(path, CsvFileLines(file), report, columns, ("query", "document")):
+            try:
+                query = _query(record.get("query"))
+                doc = _document(record, names)
+            except ValueError as exc:
+                report(str(exc), lineno)
+                continue
+            out.append(FieldExample(query, doc, (), f"{path}:{lineno}"))
+    report.close()
     return out
 
 

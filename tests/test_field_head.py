@@ -150,7 +150,21 @@ def test_load_csv_examples(tmp_path: Path) -> None:
         FieldExample("last", (("title", "Last"),), (), f"{path}:10"),
     ]
     assert [p.line for p in problems] == [5, 6, 7, 9]
-    assert "UTF-8" in problems[2].reason and "more cells" in problems[1].reason
+    assert "UTF-8" in problems[2].reason and "5 cells, the header 4" in problems[1].reason
+
+
+def test_an_unclosed_quote_in_a_csv_costs_its_own_row_only(tmp_path: Path) -> None:
+    """A plain csv.reader over the whole text read every row after an unclosed quote into that
+    quote's field: 1 example of 11 good rows, one misleading problem. The training data's
+    strict reader reports the broken record by its line and reads on at the next line."""
+    path = tmp_path / "train.csv"
+    rows = ["query,title,text", "q1,t1,x1", '"q2 unclosed,t2,x2'] + [f"q{i},t{i},x{i}" for i in range(3, 13)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    problems: list[Problem] = []
+    examples = load_field_examples(path, problems=problems)
+    assert [e.query for e in examples] == ["q1"] + [f"q{i}" for i in range(3, 13)]
+    assert [(p.path, p.line) for p in problems] == [(str(path), 3)]
+    assert "malformed CSV" in problems[0].reason
 
 
 def test_load_errors(tmp_path: Path) -> None:
@@ -166,7 +180,7 @@ def test_load_errors(tmp_path: Path) -> None:
         load_field_examples(empty, problems=[])
     header = tmp_path / "header.csv"
     header.write_text("question,title\nq,t\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="'query' column"):
+    with pytest.raises(ConfigError, match="no column for 'query'"):
         load_field_examples(header, problems=[])
     with pytest.raises(ConfigError, match="does not exist"):
         load_field_examples(tmp_path / "missing.jsonl", problems=[])
