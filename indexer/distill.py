@@ -133,8 +133,11 @@ def tatoeba_pairs(folder: Path, problems: list[Problem] | None = None) -> list[t
             for _, x, e in tatoeba_lines(other, eng, problems)]
 
 
-def user_texts(spec: str) -> list[str]:
-    """A file (one text per line) or a corpus folder (its passages, cut into sentences)."""
+def user_texts(spec: str, problems: list[Problem] | None = None) -> list[str]:
+    """A file (one text per line) or a corpus folder (its passages, cut into sentences); a
+    ``.jsonl``, ``.csv`` or ``.md`` file is read as a corpus file (records need a title,
+    description or text field). What the corpus reader skips is appended to ``problems``
+    (when given) by path and line."""
     path = Path(spec)
     if path.is_file() and path.suffix.lower() not in (".jsonl", ".csv", ".md"):
         return [t.strip() for t in path.read_text(encoding="utf-8", errors="replace").splitlines() if t.strip()]
@@ -146,13 +149,18 @@ def user_texts(spec: str) -> list[str]:
     out = []
     for doc in reader.documents():
         out += [s.strip() for s in re.split(r"(?<=[.!?。！？؟])\s+|\n+", doc.text) if 3 <= len(s.strip()) <= 300]
+    if problems is not None:
+        # the reader names files relative to what it walks: the folder, or a file's folder
+        base = path if path.is_dir() else path.parent
+        problems += [Problem(str(base / p.path), p.reason, p.line) for p in reader.problems]
     return out
 
 
 def build_examples(config: DistillConfig,
                    problems: list[Problem] | None = None) -> tuple[list[str], list[str], dict[str, Any]]:
     """Student inputs and teacher target texts, aligned; plus a record of the data used.
-    Bad Tatoeba lines are appended to ``problems`` (when given) and skipped."""
+    Bad Tatoeba lines and the records the corpus reader skips in ``texts`` are appended to
+    ``problems`` (when given) and skipped; a ``texts`` source that gives no text is an error."""
     rng = random.Random(config.seed)
     examples: list[tuple[str, str]] = []
     record: dict[str, Any] = {}
@@ -166,7 +174,17 @@ def build_examples(config: DistillConfig,
         record["tatoeba"] = {"folder": str(config.tatoeba), "pairs": len(pairs),
                              "languages": len({p[0] for p in pairs})}
     for spec in config.texts:
-        texts = user_texts(spec)
+        found: list[Problem] = []
+        texts = user_texts(spec, found)
+        if problems is not None:
+            problems += found
+        if not texts:
+            # a queries.csv or .jsonl without title/description/text fields was read as an
+            # empty corpus, and the run went on without it, saying nothing
+            first = f"; first problem: {found[0]}" if found else ""
+            raise VecplugError(f"--texts {spec} gave no training text{first}. A .csv, .jsonl or .md file is "
+                               "read as a corpus (records with a title, description or text field); give "
+                               "queries one per line in a text file (e.g. .txt)")
         rng.shuffle(texts)
         texts = texts[: config.max_texts]
         examples += [(t, t) for t in texts]
@@ -266,8 +284,10 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     if config.ffn_width is not None and not 1 <= config.ffn_width <= full:  # before any work
         raise VecplugError(f"--ffn-width must be between 1 and the teacher's {full}, not {config.ffn_width}")
     problems: list[Problem] = []
-    inputs, targets, data_record = build_examples(config, problems)
-    log_problems(problems, config.tatoeba, log)
+    try:
+        inputs, targets, data_record = build_examples(config, problems)
+    finally:  # a source that gave no text: its skipped lines say why
+        log_problems(problems, "the training data", log)
     if problems:
         data_record["problems"] = len(problems)
     work = out.parent / f"{out.name}{WORK}"

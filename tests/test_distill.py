@@ -377,3 +377,30 @@ def test_out_is_never_a_folder_the_student_would_destroy(tiny_model: Path, other
     # a student of this teacher (an earlier run's) is replaced by the new one
     assert distill(config(tiny_model, texts_file, epochs=1), other_student, progress=False) is not None
     assert json.loads((other_student / "student.json").read_text())["training"]["steps"] == 6
+
+
+def test_texts_read_as_a_corpus_report_what_they_skip(tiny_model: Path, tmp_path: Path) -> None:
+    """``--texts`` .csv/.jsonl files are read as corpus files (title/description/text): a
+    queries.csv gave no text at all, and its skipped rows were thrown away unsaid. Each
+    skipped record is reported by path and line; a source that gives no text is an error."""
+    from vecplug.errors import VecplugError
+    from vecplug.indexer.distill import build_examples
+    from vecplug.types import Problem
+
+    queries = tmp_path / "queries.csv"
+    queries.write_text("query\nwie hoch ist der everest\nwhere is kyoto\n", encoding="utf-8")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"text": "where is kyoto"}) + "\n" + json.dumps({"query": "no text"}) + "\n",
+                     encoding="utf-8")
+    problems: list[Problem] = []
+    inputs, _, record = build_examples(DistillConfig(texts=(str(mixed),)), problems)
+    assert inputs == ["where is kyoto"] and record["texts"][0]["texts"] == 1
+    assert [(p.path, p.line) for p in problems] == [(str(mixed), 2)]
+    logged: list[str] = []
+    with pytest.raises(VecplugError, match=f"--texts {queries} gave no training text; first problem: "
+                                           f"{queries}:2: record has none of the fields"):
+        distill(DistillConfig(teacher=str(tiny_model), layers=1, texts=(str(mixed), str(queries))),
+                tmp_path / "student", progress=False, log=logged.append)
+    assert f"skipped {mixed}:2: record has none of the fields title, description, text" in logged
+    assert any(m.startswith(f"skipped {queries}:3: ") for m in logged)
+    assert not (tmp_path / "student.distill-work").exists()

@@ -257,7 +257,8 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
 @click.option("--tatoeba", type=click.Path(exists=True, file_okay=False),
               help="Folder of Tatoeba pairs (tatoeba.xxx-eng.{xxx,eng}).")
 @click.option("--texts", multiple=True, type=click.Path(exists=True),
-              help="Your own training text: a file with one query per line, or a corpus folder. Repeatable.")
+              help="Your own training text: a file with one query per line, or a corpus folder (a .csv, "
+                   ".jsonl or .md file is read as a corpus file). Repeatable.")
 @click.option("--epochs", type=int, default=2, show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--lr", "learning_rate", type=float, default=2e-4, show_default=True)
