@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from vecplug.errors import MissingDependencyError, ModelError, ModelMismatchError
-from vecplug.fsutil import atomic_write_json, fsync_path, replace_folder
+from vecplug.fsutil import atomic_write_json, fsync_path, make_readable, replace_folder
 
 
 #: Held while a model loads (its weights, int8 calibration, ONNX export, tracing) and while
@@ -169,11 +169,10 @@ def build_builtin(name: str, force: bool = False) -> Path:
     except OSError as exc:
         raise ModelError(f"cannot build {name} into {models_dir()} ({exc.strerror or exc}): set VECPLUG_HOME "
                          "to a folder you can write") from None
-    tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is for everyone to read
     try:
         BUILTIN_MODELS[name].builder(tmp)
+        make_readable(tmp)  # mkdtemp makes it private; a model folder is for everyone to read
         for f in tmp.iterdir():
-            f.chmod(0o644)
             fsync_path(f)
         fsync_path(tmp)
         try:

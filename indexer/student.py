@@ -161,7 +161,6 @@ def save_student(student: Any, folder: Path, meta: dict[str, Any],
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is for everyone to read
     try:
         state = {k: v.detach().contiguous() for k, v in student.state_dict().items()
                  if k != SHARED_KEY and not k.startswith("pooler.")}
@@ -175,9 +174,9 @@ def save_student(student: Any, folder: Path, meta: dict[str, Any],
             meta["projection_dim"] = int(projection[1].shape[1])
             meta["projection_sha256"] = weights_sha256(tmp / PROJECTION)
         (tmp / STUDENT_META).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        from vecplug.fsutil import replace_folder
+        from vecplug.fsutil import make_readable, replace_folder
+
+        make_readable(tmp)  # mkdtemp makes it private; a model folder is for everyone to read
 
         # never rmtree-then-rename: an interruption between the two would lose both students
         replace_folder(tmp, folder)

@@ -445,7 +445,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _write_model(model: Any, out: Path, config: TrainConfig, record: dict[str, Any]) -> None:
     """Save as a Hugging Face folder plus ``vecplug.json``; a temporary folder renamed at the end."""
-    from vecplug.fsutil import fsync_path
+    from vecplug.fsutil import fsync_path, make_readable
     from vecplug.indexer.checksums import weights_sha256
     from vecplug.indexer.models import quiet_transformers
 
@@ -473,6 +473,7 @@ def _write_model(model: Any, out: Path, config: TrainConfig, record: dict[str, A
         meta |= {"query_prefix": info.query_prefix, "document_prefix": info.document_prefix,
                  "pooling": "mean", "normalize": True}
     (tmp / "vecplug.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    make_readable(tmp)  # save_pretrained leaves the weights 0600
     for f in tmp.iterdir():
         fsync_path(f)
     os.replace(tmp, out)

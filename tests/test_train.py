@@ -253,6 +253,27 @@ def test_output_holding_something_else_is_refused(tmp_path: Path, tiny_model: Pa
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 
+def test_the_trained_model_is_readable_by_everyone(tmp_path: Path, tiny_model: Path) -> None:
+    """transformers writes the weights to a private temporary file (0600) and renames it: the
+    trained model was unreadable by the other users and services that built models and
+    students serve (0644 in a 0755 folder)."""
+    import os
+    import stat
+
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl", n=24)
+    config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=1, max_steps=1))
+    old = os.umask(0o022)
+    try:
+        out = run_training(config, progress=False).folder
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
 def test_multi_task_labelled_triplet_and_mined_negatives(tmp_path: Path, tiny_model: Path) -> None:
     from vecplug.training import run_training
 

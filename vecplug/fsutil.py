@@ -53,6 +53,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_path(path.parent)
 
 
+def make_readable(folder: Path) -> None:
+    """Open a model folder written in private (``mkdtemp``'s 0700; transformers writes its
+    weights to a private temporary file, 0600, and renames it) to everyone for reading: the
+    folder 0755 and the files in it 0644, whatever the umask. A model folder is shared by the
+    users and services of a machine, as the built models are."""
+    folder.chmod(0o755)
+    for f in folder.iterdir():
+        f.chmod(0o755 if f.is_dir() else 0o644)
+
+
 def replace_folder(new: Path, target: Path) -> None:
     """Put the folder ``new`` in place of ``target`` (which may not exist) by renames.
 
