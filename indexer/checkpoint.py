@@ -1,6 +1,6 @@
 """Training runs' shared pieces: checkpoints without pickle (weights and AdamW state as
 safetensors, the rest JSON) and the learning-rate schedule, so that a resumed run continues
-exactly where it stopped.
+exactly where it stopped; and the lock that keeps one run at a time in a work folder.
 
 A checkpoint is a weights file and an optimizer file of its own names, and ``state.json``,
 which names them and the run's fingerprint, so a checkpoint is used only by the same
@@ -13,13 +13,48 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vecplug.fsutil import WriterLock
 
 STATE = "state.json"
 #: the files of checkpoints written before they were named by their step
 WEIGHTS, OPTIMIZER = "weights.safetensors", "optimizer.safetensors"
+
+
+def lock(work: Path) -> WriterLock:
+    """Hold the work folder ``work`` (made if missing) for this run, or raise
+    :class:`~vecplug.errors.IndexLockedError`: two runs of one output shared its checkpoint
+    files, deleted each other's, and the second to finish died with a FileNotFoundError
+    traceback. Release with :func:`unlock`."""
+    from vecplug.errors import IndexLockedError, StorageError
+    from vecplug.fsutil import WriterLock
+
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot make the work folder {work}: {exc.strerror or exc}") from exc
+    held = WriterLock(work)
+    try:
+        held.acquire()
+    except IndexLockedError:
+        raise IndexLockedError(f"another run is writing {work} (a run of the same output): wait for it "
+                               "to finish, or choose another output") from None
+    return held
+
+
+def unlock(work: Path, held: WriterLock) -> None:
+    """Release ``work``; one left holding only its lock (a run refused or failed before its
+    first checkpoint) is removed first, while still held, so that no empty folder is left."""
+    try:
+        if work.is_dir() and {p.name for p in work.iterdir()} <= {held.path.name}:
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        held.release()
 
 
 def save(work: Path, named: dict[str, Any], optimizer: Any, state: dict[str, Any]) -> None:

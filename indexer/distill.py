@@ -259,26 +259,43 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
 
     Resumes from the checkpoint beside ``out`` when one from the same configuration and data
     exists. ``stop_after`` ends this run after that many steps (checkpointed) and returns None:
-    a time box, and how the tests interrupt a run.
+    a time box, and how the tests interrupt a run. Another run writing the same ``out`` is
+    refused (IndexLockedError) before any work.
     """
-    import torch
-    from tqdm.auto import tqdm
-
     from vecplug.indexer import checkpoint
-    from vecplug.indexer.encoder import TextEncoder
-    from vecplug.indexer.models import resolve_model, vecplug_home
-    from vecplug.indexer.student import make_head, make_student, pca, pick_layers, prune_ffn, save_student
-    from vecplug.indexer.train_data import log_problems
+    from vecplug.indexer.models import resolve_model
 
     if stop_after is not None and stop_after < 1:
         raise ConfigError(f"stop_after must be at least 1, got {stop_after}")
     started = time.perf_counter()
-    torch.manual_seed(config.seed)
     teacher_info = resolve_model(config.teacher)
     if teacher_info.teacher is not None:  # before hours of training: its student could not load
         raise ModelError(f"{config.teacher} is a query student of {teacher_info.teacher.spec} (it has no "
                          f"vocabulary table of its own): distil from {teacher_info.teacher.spec}")
     check_output(out, teacher_info)  # before any work: the student replaces the whole folder
+    work = out.parent / f"{out.name}{WORK}"
+    held = checkpoint.lock(work)
+    try:
+        return _distill(config, out, teacher_info, work, started, progress=progress, command=command,
+                        log=log, stop_after=stop_after)
+    finally:
+        checkpoint.unlock(work, held)
+
+
+def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, started: float, *,
+             progress: bool, command: str | None, log: Callable[[str], None],
+             stop_after: int | None) -> DistillReport | None:
+    """:func:`distill` from the resolved teacher, its work folder held."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from vecplug.indexer import checkpoint
+    from vecplug.indexer.encoder import TextEncoder
+    from vecplug.indexer.models import vecplug_home
+    from vecplug.indexer.student import make_head, make_student, pca, pick_layers, prune_ffn, save_student
+    from vecplug.indexer.train_data import log_problems
+
+    torch.manual_seed(config.seed)
     teacher = TextEncoder(teacher_info)
     full = int(getattr(teacher.model.config, "intermediate_size", 0))
     if config.ffn_width is not None and not 1 <= config.ffn_width <= full:  # before any work
@@ -290,8 +307,6 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
         log_problems(problems, "the training data", log)
     if problems:
         data_record["problems"] = len(problems)
-    work = out.parent / f"{out.name}{WORK}"
-    work.mkdir(parents=True, exist_ok=True)
     key = _fingerprint(config, inputs, targets, teacher.info.checksum)
     prefix = teacher.info.query_prefix
 

@@ -323,7 +323,26 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     ``encode_documents``) returning metrics; run before training, every ``eval.every`` steps and
     at the end, beside the held-out measures. ``stop_after``: end this run after that many
     steps (checkpointed) and return None: a time box, and how tests interrupt a run.
+    Another run writing the same output is refused (IndexLockedError) before any work.
     """
+    from vecplug.indexer import checkpoint
+
+    validate(config)
+    if stop_after is not None and stop_after < 1:
+        raise ConfigError(f"stop_after must be at least 1, got {stop_after}")
+    out = Path(config.output).expanduser()
+    work = out.parent / f"{out.name}{WORK}"
+    held = checkpoint.lock(work)
+    try:
+        return _train(config, progress=progress, log=log, command=command, evaluators=evaluators,
+                      stop_after=stop_after)
+    finally:
+        checkpoint.unlock(work, held)
+
+
+def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], command: str | None,
+           evaluators: Mapping[str, Evaluator] | None, stop_after: int | None) -> TrainReport | None:
+    """:func:`train`, its work folder held."""
     import numpy as np
     import torch
     from tqdm.auto import tqdm
@@ -334,9 +353,6 @@ def train(config: TrainConfig, *, progress: bool = True, log: Callable[[str], No
     from vecplug.indexer.train_models import EncoderView, TrainableModel
     from vecplug.indexer.train_step import loss_of
 
-    validate(config)
-    if stop_after is not None and stop_after < 1:
-        raise ConfigError(f"stop_after must be at least 1, got {stop_after}")
     started = time.perf_counter()
     out = Path(config.output).expanduser()
     info = resolve_model(config.model)

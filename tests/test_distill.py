@@ -404,3 +404,33 @@ def test_texts_read_as_a_corpus_report_what_they_skip(tiny_model: Path, tmp_path
     assert f"skipped {mixed}:2: record has none of the fields title, description, text" in logged
     assert any(m.startswith(f"skipped {queries}:3: ") for m in logged)
     assert not (tmp_path / "student.distill-work").exists()
+
+
+def test_a_second_distill_of_the_same_out_is_refused_while_one_runs(tiny_model: Path, texts_file: Path,
+                                                                   tmp_path: Path) -> None:
+    """Two runs writing one student shared (and deleted) each other's checkpoints; the work
+    folder is now held for a run, and another run is refused before any work."""
+    from vecplug.errors import IndexLockedError
+    from vecplug.fsutil import WriterLock
+    from vecplug.indexer import checkpoint
+
+    out = tmp_path / "student"
+    work = tmp_path / "student.distill-work"
+    work.mkdir()
+    held = WriterLock(work)  # the first run
+    held.acquire()
+    try:
+        with pytest.raises(IndexLockedError, match=f"another run is writing {work}"):
+            distill(config(tiny_model, texts_file, epochs=1), out, progress=False)
+        assert work.is_dir() and not out.exists()
+    finally:
+        held.release()
+    assert distill(config(tiny_model, texts_file, epochs=1), out, progress=False) is not None
+    assert not work.exists()
+    # a run refused after taking the folder (here: --ffn-width too wide) leaves none behind
+    with pytest.raises(Exception, match="--ffn-width must be between"):
+        distill(config(tiny_model, texts_file, epochs=1, ffn_width=10**6), tmp_path / "wide", progress=False)
+    assert not (tmp_path / "wide.distill-work").exists()
+    held = checkpoint.lock(work)
+    checkpoint.unlock(work, held)
+    assert not work.exists()  # held by nothing but its lock: removed on release

@@ -274,6 +274,36 @@ def test_the_trained_model_is_readable_by_everyone(tmp_path: Path, tiny_model: P
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
 
+def test_a_second_run_of_the_same_output_is_refused_while_one_runs(tmp_path: Path, tiny_model: Path) -> None:
+    """Two runs of one config at once shared the work folder, deleted each other's checkpoint
+    files, and the second to finish died with a FileNotFoundError traceback. The work folder
+    is held for a run: another is refused at once, and the first's files are left alone."""
+    from vecplug.errors import IndexLockedError
+    from vecplug.fsutil import WriterLock
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl", n=24)
+    config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=1, max_steps=2))
+    work = tmp_path / "out.train-work"
+    work.mkdir()
+    (work / "state.json").write_text("{}")
+    held = WriterLock(work)  # the first run, at work
+    held.acquire()
+    try:
+        with pytest.raises(IndexLockedError, match=f"another run is writing {work}"):
+            run_training(config, progress=False)
+        assert (work / "state.json").is_file() and not (tmp_path / "out").exists()
+    finally:
+        held.release()
+    report = run_training(config, progress=False)  # once it is done, the output is free
+    assert report.steps == 2 and not work.exists()
+    with pytest.raises(ConfigError, match="stop_after"):  # refused runs leave no work folder
+        run_training(write_config(tmp_path / "u.yaml", **base_config(tmp_path, tiny_model, data,
+                                                                     output=str(tmp_path / "other"))),
+                     progress=False, stop_after=0)
+    assert not (tmp_path / "other.train-work").exists()
+
+
 def test_multi_task_labelled_triplet_and_mined_negatives(tmp_path: Path, tiny_model: Path) -> None:
     from vecplug.training import run_training
 

@@ -43,7 +43,8 @@ class StorageError(VecplugError):
 
 
 class IndexLockedError(StorageError):
-    """Another process is writing to the index."""
+    """Another process is writing to the index (or, for ``train`` and ``distill``, to the
+    same output)."""
 
 
 class ModelError(VecplugError):
