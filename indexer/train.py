@@ -148,10 +148,24 @@ def _validate_field_head(config: TrainConfig) -> None:
     if len(config.tasks) != 1 or config.tasks[0].format != "fields":
         raise ConfigError("train config: a field-head run takes one task with format: fields "
                           "(queries with documents split into fields)")
-    unknown = sorted(set(config.tasks[0].options) - set(FIELD_HEAD_OPTIONS))
+    options = config.tasks[0].options
+    unknown = sorted(set(options) - set(FIELD_HEAD_OPTIONS))
     if unknown:
         raise ConfigError(f"train config: unknown field-head option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(FIELD_HEAD_OPTIONS)}")
+    # options are free-form YAML: "abc" failed in the middle of the run with a TypeError, and
+    # a bool passed as a number (true was a scale of 1.0)
+    for name in ("scale", "loss_scale"):
+        value = options.get(name)
+        if name in options and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                or not (math.isfinite(value) and value > 0)):
+            raise ConfigError(f"train config: field-head option {name} must be a positive number, got {value!r}")
+    fields = options.get("fields")
+    names = fields.split(",") if isinstance(fields, str) else fields
+    if "fields" in options and not (isinstance(names, (list, tuple)) and all(isinstance(f, str) for f in names)
+                                    and any(f.strip() for f in names)):
+        raise ConfigError("train config: field-head option fields must be a field name, names separated "
+                          f"by commas or a list of names (e.g. [title, text]), got {fields!r}")
     unused = [f.name for f in dataclasses.fields(config)
               if f.name not in FIELD_HEAD_SETTINGS and getattr(config, f.name) != getattr(TrainConfig(), f.name)]
     unused += [f"eval.{f.name}" for f in dataclasses.fields(config.eval)

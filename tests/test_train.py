@@ -124,6 +124,16 @@ def test_config_is_safe_yaml_and_flags_override(tmp_path: Path) -> None:
     ({"kind": "field-head", "max_steps": 1, "warmup": 0.5, "eval": {"every": 2},
       "tasks": [{"data": "x", "format": "fields", "loss": "triplet", "mine": {"method": "bm25"}}]},
      "does not use max_steps, warmup, eval.every, tasks\\[0\\].loss, tasks\\[0\\].mine"),
+    # field-head options of the wrong type: a TypeError mid-run, or true taken as a scale of 1.0
+    *[({"kind": "field-head", "tasks": [{"data": "x", "format": "fields", "options": options}]}, message)
+      for options, message in (({"scale": "abc"}, "option scale must be a positive number, got 'abc'"),
+                               ({"scale": True}, "option scale must be a positive number, got True"),
+                               ({"loss_scale": float("nan")}, "option loss_scale must be a positive number"),
+                               ({"loss_scale": 0}, "option loss_scale must be a positive number"),
+                               ({"fields": 5}, "option fields must be a field name.*got 5"),
+                               ({"fields": ["title", 3]}, "option fields must be"),
+                               ({"fields": []}, "option fields must be"),
+                               ({"fields": None}, "option fields must be"))],
 ])
 def test_validate_refuses_configs_that_cannot_run(tmp_path: Path, change: dict, message: str) -> None:
     from vecplug.config import load_train_config
@@ -131,6 +141,16 @@ def test_validate_refuses_configs_that_cannot_run(tmp_path: Path, change: dict, 
 
     values = {"model": "m", "output": "o", "tasks": [{"data": "x"}]} | change
     with pytest.raises(ConfigError, match=message):  # when loaded (a blank string) or checked
+        validate(load_train_config(write_config(tmp_path / "c.yaml", **values)))
+
+
+def test_field_head_options_of_the_right_types_pass(tmp_path: Path) -> None:
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import validate
+
+    for options in ({"scale": 10, "loss_scale": 2.5, "fields": "title,text"}, {"fields": ["title", "text"]}):
+        values = {"model": "m", "output": "o", "kind": "field-head",
+                  "tasks": [{"data": "x", "format": "fields", "options": options}]}
         validate(load_train_config(write_config(tmp_path / "c.yaml", **values)))
 
 
