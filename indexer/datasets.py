@@ -384,6 +384,9 @@ def _jsonl(path: Path, problems: list[Problem]) -> Iterator[tuple[int, dict[str,
         except ValueError as exc:
             problems.append(Problem(str(path), f"malformed JSON: {exc}", lineno))
             continue
+        except RecursionError:  # a line of 100,000 "[": json recurses once a level
+            problems.append(Problem(str(path), "malformed JSON: nested too deeply", lineno))
+            continue
         if not isinstance(obj, dict):
             problems.append(Problem(str(path), "a JSONL line must be an object", lineno))
             continue

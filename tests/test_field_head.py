@@ -130,6 +130,18 @@ def test_load_jsonl_examples(tmp_path: Path) -> None:
     assert only[0].fields == (("text", "All about foxes"), ("title", "Foxes"))
 
 
+def test_a_deeply_nested_jsonl_line_is_reported_not_a_traceback(tmp_path: Path) -> None:
+    """json recurses once a nesting level: a line of 100,000 "[" raised RecursionError out of
+    the reader (shared with BEIR files), where train_data's reader reports the line."""
+    path = tmp_path / "train.jsonl"
+    good = [json.dumps({"query": f"q{i}", "document": {"title": f"t{i}"}}) for i in range(3)]
+    path.write_text("\n".join([good[0], "[" * 100000 + "]" * 100000, *good[1:]]) + "\n", encoding="utf-8")
+    problems: list[Problem] = []
+    examples = load_field_examples(path, problems=problems)
+    assert [e.query for e in examples] == ["q0", "q1", "q2"]
+    assert [(p.line, p.reason) for p in problems] == [(2, "malformed JSON: nested too deeply")]
+
+
 def test_load_csv_examples(tmp_path: Path) -> None:
     path = tmp_path / "train.csv"
     path.write_bytes(
