@@ -256,9 +256,12 @@ def _embed(embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[str], w
 
 def mine_with_model(examples: Sequence[Example], embed: Callable[[Sequence[str]], np.ndarray], *,
                     pool: Sequence[str] | None = None, per_example: int = 1, skip_top: int = 0,
-                    max_similarity: float | None = None, chunk_rows: int | None = None) -> MiningReport:
+                    max_similarity: float | None = None, chunk_rows: int | None = None,
+                    embed_anchors: Callable[[Sequence[str]], np.ndarray] | None = None) -> MiningReport:
     """Add up to ``per_example`` negatives to each example, ranking the pool by the cosine of
-    ``embed``'s vectors (L2-normalised float32 rows) to the anchor's.
+    ``embed``'s vectors (L2-normalised float32 rows) to the anchor's. ``embed_anchors`` embeds
+    the anchors (default: ``embed``): with E5-style models, anchors are queries and take
+    another prefix than the pool's documents, as in training.
 
     ``max_similarity`` (e.g. 0.95, NV-Retriever's "TopK-PercPos", Moreira et al. 2024) also
     drops candidates whose cosine to the anchor exceeds the cosine of the example's own
@@ -283,7 +286,7 @@ def mine_with_model(examples: Sequence[Example], embed: Callable[[Sequence[str]]
     for start in range(0, len(todo), rows):
         block = todo[start:start + rows]
         batch = [examples[i] for i in block]
-        anchors = _embed(embed, [ex.anchor for ex in batch], "anchors")
+        anchors = _embed(embed_anchors or embed, [ex.anchor for ex in batch], "anchors")
         sims = anchors @ pool_vectors.T
         caps: list[float | None] = [None] * len(batch)
         if max_similarity is not None:

@@ -223,8 +223,10 @@ def _labels_the_loss_takes(examples: list[Any], task: Any, problems: list[Proble
 
 
 def load_tasks(config: TrainConfig, problems: list[Problem], log: Callable[[str], None],
-               embed: Callable[[Sequence[str]], Any] | None = None) -> list[TaskData]:
-    """Every task's examples, split into training and held-out, with mined negatives."""
+               embed: Callable[[Sequence[str], str], Any] | None = None) -> list[TaskData]:
+    """Every task's examples, split into training and held-out, with mined negatives.
+    ``embed(texts, prefix)``: the base model's unit vectors, ``prefix`` a task's
+    ``anchor_prefix`` or ``other_prefix`` (``query``, ``document`` or the prefix itself)."""
     from vecplug.indexer import mining, train_data
 
     tasks = []
@@ -254,9 +256,13 @@ def load_tasks(config: TrainConfig, problems: list[Problem], log: Callable[[str]
             else:
                 if embed is None:
                     raise ConfigError(f"task '{name}': mining with the model needs a bi-encoder")
-                result = mining.mine_with_model(train, embed, per_example=task.mine.per_example,
-                                                skip_top=task.mine.skip_top,
-                                                max_similarity=task.mine.max_similarity)
+                # each side with its prefix, as training embeds them: anchors (queries) with
+                # the anchor prefix, the pool and positives with the other
+                result = mining.mine_with_model(
+                    train, lambda texts, which=task.other_prefix: embed(texts, which),
+                    embed_anchors=lambda texts, which=task.anchor_prefix: embed(texts, which),
+                    per_example=task.mine.per_example, skip_top=task.mine.skip_top,
+                    max_similarity=task.mine.max_similarity)
             train = list(result.examples)
             record["mining"] = {"method": task.mine.method, "short": result.short,
                                 "rejected_positives": result.rejected_positives}
@@ -376,7 +382,7 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
     problems: list[Problem] = []
     embed = None
     if config.kind == "bi-encoder":
-        embed = lambda texts: model.embed_all(list(texts), model.prefix("document"))  # noqa: E731
+        embed = lambda texts, which: model.embed_all(list(texts), model.prefix(which))  # noqa: E731
     tasks = load_tasks(config, problems, log, embed)
     key = _fingerprint(config, info.checksum, tasks)
     if out.exists():

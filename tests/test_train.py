@@ -343,6 +343,34 @@ def test_multi_task_labelled_triplet_and_mined_negatives(tmp_path: Path, tiny_mo
     assert all(np.isfinite(report.losses))
 
 
+def test_model_mining_embeds_anchors_with_the_anchor_prefix(tmp_path: Path, tiny_model: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mining with the model embedded the anchors (queries) with the document prefix, so
+    their neighbours were ranked in another space than training and evaluation use."""
+    from vecplug.indexer import train_models
+    from vecplug.training import run_training
+
+    prefixes = {"query": "query: ", "document": "passage: "}
+    monkeypatch.setattr(train_models.TrainableModel, "prefix", lambda self, which: prefixes.get(which, which))
+    seen: list[tuple[str, list[str]]] = []
+    embed_all = train_models.TrainableModel.embed_all
+
+    def spy(self: object, texts: list[str], prefix: str, batch: int = 64) -> np.ndarray:
+        seen.append((prefix, list(texts)))
+        return embed_all(self, texts, prefix, batch)
+
+    monkeypatch.setattr(train_models.TrainableModel, "embed_all", spy)
+    data = write_pairs(tmp_path / "pairs.jsonl", n=24)
+    values = base_config(tmp_path, tiny_model, data, epochs=1, max_steps=1, eval={"held_out": 0.0})
+    values["tasks"][0]["mine"] = {"method": "model", "max_similarity": 0.99}
+    run_training(write_config(tmp_path / "t.yaml", **values), progress=False)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    anchors, positives = [r["anchor"] for r in rows], [r["positive"] for r in rows]
+    mined = seen[:3]  # the pool, then a block of anchors and of their positives
+    assert [prefix for prefix, _ in mined] == ["passage: ", "query: ", "passage: "]
+    assert sorted(mined[1][1]) == sorted(anchors) and sorted(mined[2][1]) == sorted(positives)
+
+
 def test_bad_lines_are_reported_and_skipped(tmp_path: Path, tiny_model: Path) -> None:
     from vecplug.training import run_training
 
