@@ -617,6 +617,16 @@ def position_limit(config: Mapping[str, Any]) -> int:
     return limit
 
 
+def pair_truncation(query_tokens: int, pair_specials: int, max_length: int) -> str:
+    """How a cross-encoder's (query, document) pair is cut to ``max_length`` tokens, given the
+    query's length (no special tokens) and the special tokens a pair adds: the document side
+    ("only_second"), so that the query is read whole; when the query alone leaves no room for
+    a document token, both sides ("longest_first"), since "only_second" would fail. The rule
+    of the reranker and of cross-encoder training alike: a model is trained on the pairs it
+    will be shown."""
+    return "only_second" if query_tokens + pair_specials < max_length else "longest_first"
+
+
 def max_tokens(info: ModelInfo) -> int:
     """The most tokens ``info``'s model takes, from its JSON files (no weights loaded): its
     position table's size (512 if its config.json names none), or its tokenizer's

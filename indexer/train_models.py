@@ -90,10 +90,37 @@ class TrainableModel:
 
     def score(self, queries: Sequence[str], docs: Sequence[str]) -> torch.Tensor:
         """Cross-encoder logits (n,) of (query, doc) pairs; the document side is cut first,
-        as :class:`~vecplug.adapters.rerank.cross_encoder.CrossEncoderReranker` cuts it."""
-        enc = self.tokenizer(list(queries), list(docs), truncation="longest_first",
-                             max_length=self.max_length, padding=True, return_tensors="pt")
-        return self.model(**enc).logits[:, 0]
+        as :class:`~vecplug.adapters.rerank.cross_encoder.CrossEncoderReranker` cuts it
+        (:func:`~vecplug.indexer.encoder.pair_truncation`, chosen per pair by its query's
+        length): training cut both sides, and so learned on queries the reranker reads whole."""
+        from vecplug.indexer.encoder import pair_truncation
+
+        queries, docs = list(queries), list(docs)
+        specials = int(self.tokenizer.num_special_tokens_to_add(pair=True))
+        lengths = [len(ids) for ids in self.tokenizer(queries, add_special_tokens=False)["input_ids"]]
+        by_rule: dict[str, list[int]] = {}
+        for i, n in enumerate(lengths):
+            by_rule.setdefault(pair_truncation(n, specials, self.max_length), []).append(i)
+        rows: list[dict[str, list[int]]] = [{} for _ in queries]
+        for rule, idx in by_rule.items():
+            enc = self.tokenizer([queries[i] for i in idx], [docs[i] for i in idx], truncation=rule,
+                                 max_length=self.max_length)
+            for j, i in enumerate(idx):
+                rows[i] = {k: enc[k][j] for k in ("input_ids", "token_type_ids") if k in enc}
+        # padded here, as the reranker pads (right, mask rebuilt): the groups were cut apart
+        longest = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+        mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            n = len(row["input_ids"])
+            ids[r, :n] = torch.tensor(row["input_ids"], dtype=torch.long)
+            mask[r, :n] = 1
+            if "token_type_ids" in row:
+                types[r, :n] = torch.tensor(row["token_type_ids"], dtype=torch.long)
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in rows[0]:
+            inputs["token_type_ids"] = types
+        return self.model(**inputs).logits[:, 0]
 
     @torch.inference_mode()
     def embed_all(self, texts: Sequence[str], prefix: str, batch: int = 64) -> np.ndarray:

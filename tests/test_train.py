@@ -405,6 +405,42 @@ def test_cross_encoder_trains_and_reranks(tmp_path: Path, tiny_model: Path) -> N
         assert scores.shape == (2,) and np.isfinite(scores).all()
 
 
+def test_cross_encoder_training_cuts_pairs_as_the_reranker_does(tmp_path: Path, tiny_model: Path) -> None:
+    """Training cut both sides of a long pair (longest_first), the reranker the document side
+    (only_second, or both when the query alone fills the pair): a model was trained on shorter
+    queries than it was then shown. The same folder scores the same in both."""
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.train_models import TrainableModel
+
+    model = TrainableModel(resolve_model(str(tiny_model)), "cross-encoder", 16)
+    folder = tmp_path / "ce"
+    model.model.save_pretrained(str(folder))
+    model.tokenizer.save_pretrained(str(folder))
+    long_query, long_doc = " ".join(["water boils"] * 6), " ".join(["the quick brown fox"] * 5)
+    pairs = [(long_query, long_doc),                    # 12 query tokens: the document is cut
+             ("wasser kocht", long_doc),                # a short query, in the same batch
+             (" ".join(["water boils"] * 20), long_doc),  # the query alone is too long: both cut
+             ("wasser kocht", "lazy dog")]              # nothing to cut
+    reranker = CrossEncoderReranker(str(folder), max_length=16)
+    reranker.load()
+    shown = [reranker._tokenize(q, [d])[0] for q, d in pairs]
+    seen: list[dict] = []
+    forward = model.model.forward
+    model.model.forward = lambda **inputs: seen.append(inputs) or forward(**inputs)
+    scores = model.score_all(pairs)
+    (inputs,) = seen
+    for row, expected in enumerate(shown):
+        n = int(inputs["attention_mask"][row].sum())
+        assert inputs["input_ids"][row, :n].tolist() == expected["input_ids"], pairs[row][0]
+        if "token_type_ids" in expected:  # a tokenizer that gives them (not the tiny one's)
+            assert inputs["token_type_ids"][row, :n].tolist() == expected["token_type_ids"]
+        else:
+            assert "token_type_ids" not in inputs
+    assert [len(e["input_ids"]) for e in shown][:3] == [16, 16, 16]
+    np.testing.assert_allclose(scores, reranker.score_pairs(pairs), rtol=1e-4, atol=1e-6)
+
+
 def test_distill_from_a_trained_model_gives_its_student(tmp_path: Path, tiny_model: Path) -> None:
     from vecplug.indexer.distill import DistillConfig, distill
     from vecplug.indexer.models import resolve_model

@@ -110,9 +110,11 @@ class CrossEncoderReranker(Reranker):
         The document side is cut ("only_second"); when the query alone leaves no room for a
         document token, both sides are cut ("longest_first"), since "only_second" would fail.
         """
+        from vecplug.indexer.encoder import pair_truncation
+
         tok = self.tokenizer
         q_len = len(tok(query, add_special_tokens=False)["input_ids"])
-        strategy = "only_second" if q_len + self._pair_specials < self._limit else "longest_first"
+        strategy = pair_truncation(q_len, self._pair_specials, self._limit)
         enc = tok([query] * len(docs), list(docs), truncation=strategy, max_length=self._limit,
                   padding=False)
         keys = [k for k in ("input_ids", "token_type_ids") if k in enc]  # the mask is rebuilt when padding
