@@ -68,8 +68,9 @@ class TaskConfig:
     by_group: bool = False
     max_examples: int | None = None
     #: Tatoeba only: these languages (3-letter codes as in the file names, or their usual
-    #: codes: ``de`` for ``deu``)
-    langs: tuple[str, ...] = ()
+    #: codes: ``de`` for ``deu``); read as vecplug.config's FILE_LANG_CODES (YAML's unquoted
+    #: ``no`` is Norwegian, not false; ``DE`` is ``de``)
+    langs: tuple[str, ...] = field(default=(), metadata={"lang_codes": "file"})
     mine: MiningConfig | None = None
     #: prefixes of the two sides: "query", "document" or a literal string
     anchor_prefix: str = "query"
@@ -85,7 +86,8 @@ class EvalConfig:
     every: int = 0
     #: an XQuAD-R folder to score (pooled mAP@20, X-Y) before and after; never trained on
     xquad_r: str | None = None
-    xquad_langs: tuple[str, ...] = ()
+    #: read as vecplug.config's LANG_CODES (``no`` unquoted, ``DE``, ``zh-CN``)
+    xquad_langs: tuple[str, ...] = field(default=(), metadata={"lang_codes": True})
     #: at most this many questions per language in the XQuAD-R score (None: all)
     xquad_limit: int | None = None
 

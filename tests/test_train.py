@@ -154,6 +154,34 @@ def test_field_head_options_of_the_right_types_pass(tmp_path: Path) -> None:
         validate(load_train_config(write_config(tmp_path / "c.yaml", **values)))
 
 
+def test_language_codes_of_a_train_config_are_read_as_settings_read_them(tmp_path: Path) -> None:
+    """YAML reads an unquoted ``no`` (Norwegian) as false: ``langs: [de, no]`` failed with "no
+    Tatoeba files for False". Tatoeba's langs and eval.xquad_langs now take codes as the
+    settings do; a Tatoeba file's own three-letter code is kept (``cmn`` is that file only)."""
+    from vecplug.config import load_train_config
+    from vecplug.indexer.train import load_tasks
+
+    folder = tmp_path / "tatoeba"
+    folder.mkdir()
+    for code, line in (("deu", "Hallo"), ("nob", "Hei"), ("fra", "Salut")):
+        (folder / f"tatoeba.{code}-eng.{code}").write_text(f"{line}\n{line} igjen\n", encoding="utf-8")
+        (folder / f"tatoeba.{code}-eng.eng").write_text("Hello\nHello again\n", encoding="utf-8")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: m\noutput: o\n"
+                    f"tasks: [{{data: {folder}, format: tatoeba, langs: [de, no, ' FRA', cmn, pt-BR]}}]\n"
+                    "eval: {held_out: 0.0, xquad_langs: [DE, no, zh-CN]}\n")
+    config = load_train_config(path)
+    assert config.tasks[0].langs == ("de", "no", "fra", "cmn", "pt")
+    assert config.eval.xquad_langs == ("de", "no", "zh")
+    path.write_text(f"model: m\noutput: o\ntasks: [{{data: {folder}, format: tatoeba, langs: [de, no]}}]\n"
+                    "eval: {held_out: 0.0}\n")
+    (task,) = load_tasks(load_train_config(path), [], log=lambda m: None)
+    assert {e.positive_lang for e in task.train} == {"de", "no"} and len(task.train) == 4
+    path.write_text("model: m\noutput: o\ntasks: [{data: x, format: tatoeba, langs: [English]}]\n")
+    with pytest.raises(ConfigError, match="tasks\\[0\\].langs: 'English' is not a language code"):
+        load_train_config(path)
+
+
 # -- the loop on a tiny model -------------------------------------------------------------
 
 def _weights(folder: Path) -> dict[str, np.ndarray]:

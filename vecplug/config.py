@@ -39,23 +39,35 @@ QUANTIZE = ("auto", "none", "int8")
 RUNTIMES = ("torch", "onnx")
 #: field metadata of a language code setting, normalised as :func:`normalise_langs` does
 LANG_CODES: Mapping[str, Any] = {"lang_codes": True}
+#: field metadata of language codes that also name files (Tatoeba's ``deu``, ``cmn``): read as
+#: LANG_CODES are, but a three-letter code is kept as written (``file_codes``)
+FILE_LANG_CODES: Mapping[str, Any] = {"lang_codes": "file"}
 #: field metadata of a setting where "" is a value (no prefix), not "unset"
 BLANK_IS_VALUE: Mapping[str, Any] = {"blank_is_value": True}
 
 
-def normalise_langs(value: str | Iterable[Any] | None) -> tuple[str, ...]:
+def normalise_langs(value: str | Iterable[Any] | None, *, file_codes: bool = False) -> tuple[str, ...]:
     """Language codes as the detector writes them (``"de"``): stripped, lower-cased, region
     subtags dropped (:func:`~vecplug.types.lang_code`), empty entries and repeats dropped; a
-    string is split at commas (``" de , FR,de-AT"`` -> ``("de", "fr")``)."""
+    string is split at commas (``" de , FR,de-AT"`` -> ``("de", "fr")``). ``file_codes``: the
+    same, but a three-letter code is kept as written (``"DEU"`` -> ``"deu"``, not ``"de"``): it
+    may name a file (Tatoeba's ``cmn``, of the three Chinese ones)."""
     if value is None:
         return ()
     items = value.split(",") if isinstance(value, str) else value
     try:
-        codes = [lang_code(str(v)) for v in items]
+        codes = [_file_code(str(v)) if file_codes else lang_code(str(v)) for v in items]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     # a repeat would pool (and score) a language twice
     return tuple(dict.fromkeys(code for code in codes if code))
+
+
+def _file_code(value: str) -> str | None:
+    """A language code checked as :func:`~vecplug.types.lang_code` checks it, stripped,
+    lower-cased, its region subtag dropped, but not mapped to the detector's two letters."""
+    lang_code(value)  # ValueError for what is no code
+    return value.strip().replace("_", "-").split("-")[0].lower() or None
 
 
 @dataclass(frozen=True)
@@ -289,13 +301,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _lang_codes(value: Any, where: str) -> Any:
+def _lang_codes(value: Any, where: str, file_codes: bool = False) -> Any:
     """A language code setting normalised: a tuple as :func:`normalise_langs`, one code the
     same way (blank: None)."""
     try:
         if isinstance(value, tuple):
-            return normalise_langs(value)
-        codes = normalise_langs(None if value is None else [value])
+            return normalise_langs(value, file_codes=file_codes)
+        codes = normalise_langs(None if value is None else [value], file_codes=file_codes)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return codes[0] if codes else None
@@ -336,7 +348,8 @@ def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
             changes[k] = ""  # an empty prefix, where "" elsewhere means the default
         elif fields[k].metadata.get("lang_codes"):
             # every source (flag, env, YAML) gives codes the way the index stores them: " FR" -> "fr"
-            changes[k] = _lang_codes(_coerce(_norwegian(v), hints[k], f"{where}.{k}"), f"{where}.{k}")
+            changes[k] = _lang_codes(_coerce(_norwegian(v), hints[k], f"{where}.{k}"), f"{where}.{k}",
+                                     file_codes=fields[k].metadata["lang_codes"] == "file")
         else:
             changes[k] = _coerce(v, hints[k], f"{where}.{k}")
     return dataclasses.replace(base, **changes)
