@@ -37,6 +37,13 @@ WORK = ".train-work"
 Evaluator = Callable[[Any], Mapping[str, float]]
 
 
+def torch_seed(value: int) -> int:
+    """``value`` as ``torch.manual_seed`` takes it: that range, [-2**63, 2**64), is kept as it
+    is (the runs of every seed that worked stay identical); past it (a large ``seed``, times
+    1,000,003 per step) it wraps modulo 2**64 rather than fail after the model has loaded."""
+    return value if -(1 << 63) <= value < (1 << 64) else value % (1 << 64)
+
+
 @dataclass
 class TaskData:
     name: str
@@ -127,6 +134,13 @@ def validate(config: TrainConfig) -> None:
                 raise bad(f"{where}: mine.per_example must be at least 1")
             if task.mine.skip_top < 0:
                 raise bad(f"{where}: mine.skip_top must be 0 or more")
+            similarity = task.mine.max_similarity
+            if similarity is not None:
+                if task.mine.method != "model":  # bm25 scores are no cosines: it was ignored
+                    raise bad(f"{where}: mine.max_similarity is for method: model, not {task.mine.method}")
+                if not (math.isfinite(similarity) and 0 < similarity <= 1):  # NaN fails every comparison
+                    raise bad(f"{where}: mine.max_similarity must be in (0, 1] (a share of the positive's "
+                              f"cosine), got {similarity}")
         if task.langs and task.format != "tatoeba":
             raise bad(f"{where}: langs picks Tatoeba languages; this task's format is {task.format}")
         if task.list_size < 2:
@@ -376,7 +390,7 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
     started = time.perf_counter()
     out = Path(config.output).expanduser()
     info = resolve_model(config.model)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(torch_seed(config.seed))
     model = TrainableModel(info, config.kind, config.max_length, config.layers,
                            config.freeze_word_embeddings)
     problems: list[Problem] = []
@@ -425,7 +439,7 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
     while step < total:
         epoch, name, batch = plan[step]
         task = by_name[name]
-        torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: the same after a resume
+        torch.manual_seed(torch_seed(config.seed * 1_000_003 + step))  # dropout: the same after a resume
         loss = loss_of(model, task.config, [task.train[i] for i in batch])
         for g in optimizer.param_groups:
             g["lr"] = checkpoint.learning_rate(step, total, config.learning_rate, config.warmup)

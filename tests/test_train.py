@@ -120,6 +120,13 @@ def test_config_is_safe_yaml_and_flags_override(tmp_path: Path) -> None:
     ({"layers": 0}, "layers must be at least 1"),
     ({"tasks": [{"data": "x", "langs": ["deu"]}]}, "langs picks Tatoeba languages"),
     ({"tasks": [{"data": "x", "mine": {"skip_top": -1}}]}, r"task 1 \(x\): mine.skip_top"),
+    # max_similarity: NaN and negatives were taken, and with bm25 it was silently ignored
+    ({"tasks": [{"data": "x", "mine": {"method": "model", "max_similarity": float("nan")}}]},
+     r"mine.max_similarity must be in \(0, 1\].*got nan"),
+    ({"tasks": [{"data": "x", "mine": {"method": "model", "max_similarity": -5}}]}, "max_similarity must be in"),
+    ({"tasks": [{"data": "x", "mine": {"method": "model", "max_similarity": 1.5}}]}, "max_similarity must be in"),
+    ({"tasks": [{"data": "x", "mine": {"method": "bm25", "max_similarity": 0.95}}]},
+     "mine.max_similarity is for method: model, not bm25"),
     # a field-head run refuses what it would ignore
     ({"kind": "field-head", "max_steps": 1, "warmup": 0.5, "eval": {"every": 2},
       "tasks": [{"data": "x", "format": "fields", "loss": "triplet", "mine": {"method": "bm25"}}]},
@@ -350,6 +357,22 @@ def test_a_second_run_of_the_same_output_is_refused_while_one_runs(tmp_path: Pat
                                                                      output=str(tmp_path / "other"))),
                      progress=False, stop_after=0)
     assert not (tmp_path / "other.train-work").exists()
+
+
+def test_a_large_seed_trains_and_seeds_that_worked_are_unchanged(tmp_path: Path, tiny_model: Path) -> None:
+    """The per-step seed (seed * 1,000,003 + step) overflowed torch.manual_seed for a seed of
+    10**14, a RuntimeError after the model had loaded; it now wraps past torch's range only."""
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl", n=24)
+    config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=1, max_steps=2))
+    report = run_training(config, {"seed": 10**14}, progress=False)
+    assert report.steps == 2 and all(np.isfinite(report.losses))
+    from vecplug.indexer.train import torch_seed
+
+    for value in (0, 7 * 1_000_003 + 5, -(1 << 63), (1 << 64) - 1):
+        assert torch_seed(value) == value  # what worked is seeded as before
+    assert torch_seed(10**14 * 1_000_003) == (10**14 * 1_000_003) % (1 << 64)
 
 
 def test_multi_task_labelled_triplet_and_mined_negatives(tmp_path: Path, tiny_model: Path) -> None:
