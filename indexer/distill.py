@@ -263,6 +263,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     refused (IndexLockedError) before any work.
     """
     from vecplug.indexer import checkpoint
+    from vecplug.indexer.encoder import refuse_cross_encoder
     from vecplug.indexer.models import resolve_model
 
     if stop_after is not None and stop_after < 1:
@@ -272,6 +273,7 @@ def distill(config: DistillConfig, out: Path, progress: bool = True, command: st
     if teacher_info.teacher is not None:  # before hours of training: its student could not load
         raise ModelError(f"{config.teacher} is a query student of {teacher_info.teacher.spec} (it has no "
                          f"vocabulary table of its own): distil from {teacher_info.teacher.spec}")
+    refuse_cross_encoder(teacher_info, "teacher")
     check_output(out, teacher_info)  # before any work: the student replaces the whole folder
     work = out.parent / f"{out.name}{WORK}"
     held = checkpoint.lock(work)

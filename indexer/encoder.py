@@ -403,6 +403,9 @@ class Encoder:
                  query_quantize: str | None = "auto", document_quantize: str | None = None,
                  runtime: str = "torch", document_int8_version: int | None = None,
                  recorded_lengths: Mapping[str, int] | None = None, trace: bool = True) -> None:
+        refuse_cross_encoder(document, "document")  # from its JSON, before any index is made
+        if query is not None:
+            refuse_cross_encoder(query, "query")
         self.document_info = document
         self.query_info = query if query is not None and query.checksum != document.checksum else document
         self.query_quantize = _quantize_for(query_quantize, self.query_info)
@@ -589,6 +592,20 @@ class Encoder:
                 f"which this vecplug does not know (it knows {', '.join(map(str, DOCUMENT_INT8_RECIPES))}); "
                 "upgrade vecplug to add documents")
         return DOCUMENT_INT8_RECIPES[version]
+
+
+def refuse_cross_encoder(info: ModelInfo, role: str) -> None:
+    """Refuse a cross-encoder ``vecplug train`` wrote (``vecplug.json`` kind ``vecplug
+    cross-encoder``) as the ``role`` ("document", "query", "teacher") encoder: its transformer
+    loads without its relevance head and gives vectors nothing was trained for, silently. The
+    cross-encoder reranker refuses the reverse mistake (an embedding model) the same way."""
+    from vecplug.errors import ModelError
+    from vecplug.indexer.models import _read_meta
+
+    meta = _read_meta(info.path)
+    if isinstance(meta, dict) and meta.get("kind") == "vecplug cross-encoder":
+        raise ModelError(f"{info.spec} is a cross-encoder (it scores (query, document) pairs; it embeds "
+                         f"no text), not a {role} encoder: rerank with it, --rerank cross-encoder:{info.spec}")
 
 
 def _hidden_size(info: ModelInfo) -> int:

@@ -492,6 +492,37 @@ def test_cross_encoder_training_cuts_pairs_as_the_reranker_does(tmp_path: Path, 
     np.testing.assert_allclose(scores, reranker.score_pairs(pairs), rtol=1e-4, atol=1e-6)
 
 
+def test_a_trained_cross_encoder_is_refused_as_an_encoder_of_texts(tmp_path: Path, tiny_model: Path) -> None:
+    """A cross-encoder folder loaded as a document or query encoder without its head and
+    gave vectors nothing was trained for, silently (the reranker refuses the reverse)."""
+    from vecplug.cli import cli
+    from vecplug.errors import ModelError
+    from vecplug.indexer.distill import DistillConfig, distill
+    from vecplug.indexer.encoder import Encoder
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.train_models import TrainableModel
+
+    model = TrainableModel(resolve_model(str(tiny_model)), "cross-encoder", 32)
+    folder = tmp_path / "ce"
+    model.model.save_pretrained(str(folder))
+    model.tokenizer.save_pretrained(str(folder))
+    (folder / "vecplug.json").write_text(json.dumps({"kind": "vecplug cross-encoder"}))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("water boils at one hundred degrees")
+    index = tmp_path / "index"
+    result = CliRunner().invoke(cli, ["index", str(corpus), "--index", str(index), "--model", str(folder), "-q"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "is a cross-encoder" in result.output and f"--rerank cross-encoder:{folder}" in result.output
+    assert not index.exists()
+    with pytest.raises(ModelError, match="not a query encoder"):
+        Encoder.from_specs(str(tiny_model), str(folder))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TINY_TEXT) + "\n")
+    with pytest.raises(ModelError, match="not a teacher encoder"):
+        distill(DistillConfig(teacher=str(folder), layers=1, texts=(str(texts),)), tmp_path / "s", progress=False)
+
+
 def test_distill_from_a_trained_model_gives_its_student(tmp_path: Path, tiny_model: Path) -> None:
     from vecplug.indexer.distill import DistillConfig, distill
     from vecplug.indexer.models import resolve_model
