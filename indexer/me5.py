@@ -34,9 +34,13 @@ Q4_BLOCK = 32
 Q4_BYTES = 18  # fp16 scale + 16 bytes of nibbles
 DTYPE_F32, DTYPE_Q4 = 0, 1
 METASPACE = "\u2581"
-# Private-use code points used to shield characters that NFKC would change but
-# sentencepiece's map keeps (e.g. U+FF5E FULLWIDTH TILDE) during NFKC.
-_SHIELD_BASE = 0xF0000
+# The normaliser's own marks, all private-use code points written as two characters: _ESCAPE and
+# one of the others. A user's own _ESCAPE becomes _ESCAPE + _ESCAPED first, so no user text can
+# look like a mark and every code point comes through unchanged.
+_ESCAPE = 0xF0000
+_ESCAPED = 0xF0001
+_BLOCK = 0xF0002  # stops NFKC reordering or composing across it; removed after NFKC
+_OPEN, _CLOSE = 0xF0003, 0xF0004  # around a character NFKC would change but the map keeps
 
 
 @dataclass
@@ -168,35 +172,165 @@ def bert_state_dict(f: E5File) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
 
 
+def _char_class(cps: Any) -> str:
+    """A regex character class of the code points, runs written as ranges."""
+    cps = sorted(cps)
+    out, i = [], 0
+    while i < len(cps):
+        j = i
+        while j + 1 < len(cps) and cps[j + 1] == cps[j] + 1:
+            j += 1
+        out.append(f"\\x{{{cps[i]:x}}}" if i == j else f"\\x{{{cps[i]:x}}}-\\x{{{cps[j]:x}}}")
+        i = j + 1
+    return "[" + "".join(out) + "]"
+
+
+def _literal(text: str) -> str:
+    return "".join(f"\\x{{{ord(c):x}}}" for c in text)
+
+
+def _nfkd_table() -> dict[int, str]:
+    """NFKD of every code point that NFKD changes."""
+    out = {}
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        if not unicodedata.is_normalized("NFKD", c):
+            out[cp] = unicodedata.normalize("NFKD", c)
+    return out
+
+
+def blocker_pattern(nfkd_of: dict[int, str]) -> str:
+    """Regex of the empty positions between two characters P and M where NFKC would reorder M
+    before P or compose M with text before it, and sentencepiece would not.
+
+    sentencepiece's nmt_nfkc is a greedy longest match over its rules: one per code point, and
+    one per composite that NFC rebuilds, matching the composite's NFD written with any character
+    whose NFKD is that one character (``e`` U+0301, ``ｅ`` U+0341: ``é``). It never reorders
+    combining marks and composes nothing else. NFKC sorts marks by combining class (an Arabic
+    shadda typed before a fatha, a Hebrew dagesh before a qamats come out the other way round)
+    and composes across boundaries no rule spans (``ê`` U+0301 becomes ``ế``, a Hangul LV
+    syllable and a trailing jamo one syllable). Derived from the Unicode data, a blocker goes:
+
+    * before a combining mark that is in no composite, after a character whose NFKD ends with a
+      mark (the only case where NFKC could move it);
+    * before a character that continues some composite, after a character that precedes it in
+      none but that NFKC could compose with (one ending with a mark, or with a character that
+      precedes it in a composite);
+    * before such a character M after a mark P allowed before it, when the character before P
+      is not allowed before P (no rule spans the three, yet NFKC could compose M across P).
+    """
+    ccc = unicodedata.combining
+    marks = {cp for cp in range(0x110000) if not 0xD800 <= cp < 0xE000 and ccc(chr(cp))}
+
+    def nfkd(cp: int) -> str:
+        return nfkd_of.get(cp, chr(cp))
+
+    variants: dict[str, set[int]] = {}  # a character -> those whose NFKD is that character
+    for cp, d in nfkd_of.items():
+        if len(d) == 1:
+            variants.setdefault(d, {ord(d)}).add(cp)
+    allowed: dict[int, set[int]] = {}  # M -> the characters before it inside some rule
+    before: dict[str, set[str]] = {}  # a decomposed character -> those before it in a composite
+    for cp in nfkd_of:
+        c = chr(cp)
+        if unicodedata.is_normalized("NFD", c):
+            continue
+        d = unicodedata.normalize("NFD", c)
+        if len(d) < 2 or unicodedata.normalize("NFC", d) != c:
+            continue
+        for a, b in zip(d, d[1:]):
+            before.setdefault(b, set()).add(a)
+            for y in variants.get(b, {ord(b)}):
+                allowed.setdefault(y, set()).update(variants.get(a, {ord(a)}))
+    after_mark = {cp for cp in marks | set(nfkd_of) if ccc(nfkd(cp)[-1])}
+    ends_with: dict[str, set[int]] = {}
+    for cp, d in nfkd_of.items():
+        ends_with.setdefault(d[-1], set()).add(cp)
+
+    inert: set[int] = set()
+    groups: dict[frozenset[int], set[int]] = {}  # the P to block after -> the M they apply to
+    candidates = marks | set(nfkd_of) | {ord(s) for s in before} | {
+        cp for s in before for cp in variants.get(s, ())}
+    for cp in candidates:
+        d = nfkd(cp)
+        if not any(ch in before for ch in d):
+            if ccc(d[0]):
+                inert.add(cp)
+            continue
+        harm = set(after_mark) if ccc(d[0]) else set()
+        for a in before.get(d[0], ()):
+            harm.add(ord(a))
+            harm |= ends_with.get(a, set())
+        harm -= allowed.get(cp, set())
+        if harm:
+            groups.setdefault(frozenset(harm), set()).add(cp)
+    succ: dict[int, set[int]] = {}
+    for m, ps in allowed.items():
+        for p in ps:
+            if ccc(chr(p)):
+                succ.setdefault(p, set()).add(m)
+    chains: dict[tuple[frozenset[int], frozenset[int]], set[int]] = {}
+    for p, ms in succ.items():
+        chains.setdefault((frozenset(allowed.get(p, ())), frozenset(ms)), set()).add(p)
+    alts = [(ms, f"(?<={_char_class(h)})") for h, ms in groups.items()]
+    alts += [(ms, f"(?<={_char_class(ps)})(?<!{_char_class(a)}{_char_class(ps)})")
+             for (a, ms), ps in chains.items()]
+    alts.sort(key=lambda alt: min(alt[0]))
+    head = f"(?={_char_class(inert)})(?<={_char_class(after_mark)})"
+    if not alts:
+        return head
+
+    def tree(part: list[tuple[set[int], str]]) -> str:
+        # a binary tree of lookaheads: a mark is checked against a few classes, not every group
+        if len(part) == 1:
+            return f"(?={_char_class(part[0][0])}){part[0][1]}"
+        half = len(part) // 2
+        return (f"(?={_char_class(set().union(*(ms for ms, _ in part)))})"
+                f"(?:{tree(part[:half])}|{tree(part[half:])})")
+
+    return f"{head}|{tree(alts)}"
+
+
 def build_normalizer(norm_map: dict[int, str]) -> Any:
     """A ``tokenizers`` normalizer equal to the file's per-codepoint map.
 
     The map is sentencepiece's nmt_nfkc: NFKC plus rules for control and space
-    characters. Rebuilding it as NFKC with a few exceptions keeps it to a handful of
-    passes instead of thousands of replacements.
+    characters. Rebuilding it as NFKC with a few exceptions keeps it to a few dozen
+    passes instead of thousands of replacements. Around the NFKC pass: blockers keep the
+    typed order of combining marks and the compositions sentencepiece makes, no more
+    (:func:`blocker_pattern`); characters NFKC would change but the map keeps are marked
+    and restored. The marks are private-use pairs that user text cannot forge.
     """
     from tokenizers import Regex, normalizers
 
-    def char_class(cps: list[int]) -> str:
-        return "[" + "".join(f"\\x{{{cp:x}}}" for cp in sorted(cps)) + "]"
-
+    nfkd_of = _nfkd_table()
+    esc = chr(_ESCAPE)
+    block, opened, closed = esc + chr(_BLOCK), esc + chr(_OPEN), esc + chr(_CLOSE)
     by_output: dict[str, list[int]] = {}
-    exceptions: dict[int, str] = {}
     for cp, out in norm_map.items():
         if unicodedata.normalize("NFKC", chr(cp)) != out:
-            exceptions[cp] = out
-    for cp, out in exceptions.items():
-        by_output.setdefault(out, []).append(cp)
-    steps = [normalizers.Replace(Regex(char_class(cps)), out) for out, cps in by_output.items()]
-    # characters NFKC would change but the map leaves alone: shield them through NFKC
-    shielded = [cp for cp in range(0x110000)
-                if not 0xD800 <= cp < 0xE000 and cp not in norm_map
-                and unicodedata.normalize("NFKC", chr(cp)) != chr(cp)]
-    for i, cp in enumerate(shielded):
-        steps.append(normalizers.Replace(chr(cp), chr(_SHIELD_BASE + i)))
+            by_output.setdefault(out, []).append(cp)
+    # characters NFKC would change but the map leaves alone (nfkd_of holds all NFKC changes)
+    kept = {cp: unicodedata.normalize("NFKC", chr(cp)) for cp in nfkd_of if cp not in norm_map}
+    kept = {cp: out for cp, out in kept.items() if out != chr(cp)}
+    steps = [normalizers.Replace(esc, esc + chr(_ESCAPED)),
+             normalizers.Replace(Regex(blocker_pattern(nfkd_of)), block)]
+    # a deleted character still separates its neighbours, as in sentencepiece
+    steps += [normalizers.Replace(Regex(_char_class(cps)), out or block)
+              for out, cps in by_output.items()]
+    if kept:
+        # never an insertion at the very start: the NFKC pass then fails on its alignments
+        steps += [normalizers.Replace(Regex(f"(?<=[\\s\\S])(?={_char_class(kept)})"), opened),
+                  normalizers.Replace(Regex(f"(?<={_char_class(kept)})"), closed)]
     steps.append(normalizers.NFKC())
-    for i, cp in enumerate(shielded):
-        steps.append(normalizers.Replace(chr(_SHIELD_BASE + i), chr(cp)))
+    # the character, NFKC-changed, between its marks (or at the start, where it has no opening)
+    steps += [normalizers.Replace(Regex(f"(?:{_literal(opened)}|\\A){_literal(out)}{_literal(closed)}"),
+                                  chr(cp)) for cp, out in kept.items()]
+    if kept:  # where the tokenizers library's NFKC predates the character, it is still there
+        steps.append(normalizers.Replace(Regex(f"{_literal(opened)}|{_literal(closed)}"), ""))
+    steps += [normalizers.Replace(block, ""), normalizers.Replace(esc + chr(_ESCAPED), esc)]
     # sentencepiece removes extra whitespace: strip the ends, collapse runs of spaces
     steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
     return normalizers.Sequence(steps)

@@ -38,6 +38,42 @@ def test_normalizer_follows_the_map() -> None:
     assert Tokenizer(models.Unigram([("<unk>", 0.0)], 0)) is not None
 
 
+def _nfkc_map(keep: tuple[int, ...] = ()) -> dict[int, str]:
+    """A map that is NFKC for every code point NFKC changes, but those in ``keep``."""
+    import unicodedata
+
+    return {cp: out for cp in range(0x110000) if not 0xD800 <= cp < 0xE000 and cp not in keep
+            for out in [unicodedata.normalize("NFKC", chr(cp))] if out != chr(cp)}
+
+
+def test_normalizer_keeps_typed_order_of_combining_marks() -> None:
+    """sentencepiece's nmt_nfkc never reorders marks; NFKC alone sorts them by combining class."""
+    n = me5.build_normalizer(_nfkc_map())
+    arabic = "\u0633\u0628\u0651\u064e\u0628"  # shadda, then fatha (NFKC: fatha first)
+    hebrew = "\u05d1\u05bc\u05b8\u05e8\u05b8\u05d0"  # dagesh, then qamats (NFKC: qamats first)
+    shin = "\u05e9\u05c1\u05b8\u05dc\u05d5\u05b9\u05dd"  # shin dot, then qamats
+    for word in (arabic, hebrew, shin, "\u0628\u064e\u0651"):  # and fatha, then shadda
+        assert n.normalize_str(word) == word
+    # what sentencepiece composes is still composed (its rules: the NFD of a composite) ...
+    assert n.normalize_str("Tie\u0302\u0301ng Vie\u0323\u0302t") == "Tiếng Việt"
+    assert n.normalize_str("\u1100\u1161\u11a8 \uff45\u0301") == "\uac01 \u00e9"
+    # ... and nothing more: a precomposed letter and a further mark, or marks in another order
+    # than the composite's, stay as typed (outputs of sentencepiece 0.2.3's nmt_nfkc)
+    assert n.normalize_str("Ti\u00ea\u0301ng") == "Ti\u00ea\u0301ng"
+    assert n.normalize_str("a\u0302\u0323 \uac00\u11a8") == "\u00e2\u0323 \uac00\u11a8"
+    assert n.normalize_str("x\u0323\u0307") == "x\u0323\u0307"
+
+
+def test_normalizer_passes_private_use_characters_through() -> None:
+    """The normaliser's own private-use stand-ins cannot be forged by the text it reads."""
+    n = me5.build_normalizer(_nfkc_map(keep=(0xFF5E,)))  # FULLWIDTH TILDE: NFKC would change it
+    pua = "".join(chr(cp) for cp in range(0xF0000, 0xF0008))
+    for text in ("price \U000f0005 10", pua, pua[::-1], "\uff5e" + pua + "\uff5e",
+                 "\U000f0000\uff5e\U000f0004 \U000f0003\u0651\u064e"):
+        assert n.normalize_str(text) == text
+    assert n.normalize_str("\uff5e\uff21\u0651\u064e") == "\uff5eA\u0651\u064e"
+
+
 @pytest.mark.slow
 def test_build_is_atomic_and_recorded(built_me5: Path, me5_home: Path) -> None:
     assert is_built("me5-small")
@@ -67,6 +103,24 @@ def test_tokenizer_matches_the_file_normalisation(built_me5: Path) -> None:
              if normalizer.normalize_str(f"a {chr(cp)} b") != " ".join(f"a {out} b".split())]
     assert wrong == []
     assert tok.convert_ids_to_tokens(tok("query: ＡＢＣ～")["input_ids"])[-3:-1] == ["▁ABC", "～"]
+
+
+@pytest.mark.slow
+def test_tokenizer_gives_sentencepiece_ids_for_pointed_text(built_me5: Path) -> None:
+    """Ids of real sentencepiece 0.2.3 (``SentencePieceProcessor.encode`` with <s> and </s>) on a
+    model holding this vocabulary and scores with sentencepiece's own nmt_nfkc rules."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(built_me5))
+    expected = {
+        # Arabic, shadda typed before fatha: one piece "َّ" in typed order
+        "query: \u0633\u0628\u0651\u064e\u0628": [0, 41, 1294, 12, 5818, 2897, 1325, 2],
+        # Hebrew, dagesh typed before qamats
+        "query: \u05d1\u05bc\u05b8\u05e8\u05b8\u05d0": [0, 41, 1294, 12, 6, 148346, 157994, 167351, 2],
+        # a private-use character is unknown, not another character
+        "query: price \U000f0005 10": [0, 41, 1294, 12, 27167, 6, 3, 209, 2],
+    }
+    assert {text: tok(text)["input_ids"] for text in expected} == expected
 
 
 def test_token_ids_through_the_backend_are_the_wrappers(built_me5: Path) -> None:
