@@ -21,6 +21,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vecplug.fsutil import WriterLock
 
+def torch_seed(value: int) -> int:
+    """``value`` as ``torch.manual_seed`` takes it: that range, [-2**63, 2**64), is kept as it
+    is (the runs of every seed that worked stay identical); past it (a large ``seed``, times
+    1,000,003 per step) it wraps modulo 2**64 rather than fail after the model has loaded."""
+    return value if -(1 << 63) <= value < (1 << 64) else value % (1 << 64)
+
+
+def numpy_seed(value: int) -> int:
+    """``value`` as numpy's generators take it, [0, 2**64): others wrap modulo 2**64 (numpy
+    refuses a negative seed, which torch and the config take, after the model has loaded)."""
+    return value % (1 << 64)
+
+
 STATE = "state.json"
 #: the files of checkpoints written before they were named by their step
 WEIGHTS, OPTIMIZER = "weights.safetensors", "optimizer.safetensors"

@@ -297,7 +297,7 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
     from vecplug.indexer.student import make_head, make_student, pca, pick_layers, prune_ffn, save_student
     from vecplug.indexer.train_data import log_problems
 
-    torch.manual_seed(config.seed)
+    torch.manual_seed(checkpoint.torch_seed(config.seed))
     teacher = TextEncoder(teacher_info)
     full = int(getattr(teacher.model.config, "intermediate_size", 0))
     if config.ffn_width is not None and not 1 <= config.ffn_width <= full:  # before any work
@@ -376,7 +376,7 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
     bar = tqdm(total=total, initial=step, desc=f"distilling {len(layers)} layers", disable=not progress)
     while step < total:
         epoch, within = divmod(step, steps_per_epoch)
-        order = np.random.default_rng(config.seed + epoch).permutation(len(inputs))
+        order = np.random.default_rng(checkpoint.numpy_seed(config.seed + epoch)).permutation(len(inputs))
         batch = order[within * config.batch_size:(within + 1) * config.batch_size]
         longest = max(len(input_ids[i]) for i in batch)
         ids = torch.full((len(batch), longest), pad, dtype=torch.long)

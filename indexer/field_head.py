@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.errors import ConfigError, ModelError, ModelMismatchError
+from vecplug.indexer.checkpoint import numpy_seed, torch_seed
 from vecplug.types import Problem
 
 DEFAULT_FIELDS = ("title", "description", "text")
@@ -369,7 +370,7 @@ def train_field_head(examples: Iterable[FieldExample], encoder: Any, *, scale: f
         n_held = min(max(n_held, 1), n_queries - 1)
     else:
         n_held = 0
-    held = set(np.random.default_rng(seed).permutation(n_queries)[:n_held].tolist())
+    held = set(np.random.default_rng(numpy_seed(seed)).permutation(n_queries)[:n_held].tolist())
     items = [(query_ids[ex.query], doc_ids[ex.fields], tuple(doc_ids[n] for n in ex.negatives))
              for ex in examples]
     train = [it for it in items if it[0] not in held]
@@ -444,7 +445,7 @@ def train_field_head(examples: Iterable[FieldExample], encoder: Any, *, scale: f
     # pulls towards it
     delta = torch.zeros((dim, dim), dtype=torch.float32, requires_grad=True)
     optimizer = torch.optim.AdamW([delta], lr=learning_rate, weight_decay=weight_decay)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(torch_seed(seed))
 
     mrr_identity = mrr(identity)
     loss_before = train_loss(identity)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from vecplug.errors import ConfigError
+from vecplug.indexer.checkpoint import numpy_seed
 from vecplug.indexer.train_data import Example, normalise
 
 # Han (with extensions and compatibility ideographs), kana, Hangul: scripts written without
@@ -230,7 +231,7 @@ def mine_bm25(examples: Sequence[Example], *, pool: Sequence[str] | None = None,
     _check(per_example, skip_top)
     texts = _default_pool(examples, pool)
     bm25 = BM25(texts)
-    tie = np.random.default_rng(seed).permutation(len(texts))
+    tie = np.random.default_rng(numpy_seed(seed)).permutation(len(texts))
     known = _known_positives(examples)
     out: list[Example] = []
     short = rejected = 0

@@ -37,13 +37,6 @@ WORK = ".train-work"
 Evaluator = Callable[[Any], Mapping[str, float]]
 
 
-def torch_seed(value: int) -> int:
-    """``value`` as ``torch.manual_seed`` takes it: that range, [-2**63, 2**64), is kept as it
-    is (the runs of every seed that worked stay identical); past it (a large ``seed``, times
-    1,000,003 per step) it wraps modulo 2**64 rather than fail after the model has loaded."""
-    return value if -(1 << 63) <= value < (1 << 64) else value % (1 << 64)
-
-
 @dataclass
 class TaskData:
     name: str
@@ -390,7 +383,7 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
     started = time.perf_counter()
     out = Path(config.output).expanduser()
     info = resolve_model(config.model)
-    torch.manual_seed(torch_seed(config.seed))
+    torch.manual_seed(checkpoint.torch_seed(config.seed))
     model = TrainableModel(info, config.kind, config.max_length, config.layers,
                            config.freeze_word_embeddings)
     problems: list[Problem] = []
@@ -439,7 +432,7 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
     while step < total:
         epoch, name, batch = plan[step]
         task = by_name[name]
-        torch.manual_seed(torch_seed(config.seed * 1_000_003 + step))  # dropout: the same after a resume
+        torch.manual_seed(checkpoint.torch_seed(config.seed * 1_000_003 + step))  # dropout: the same after a resume
         loss = loss_of(model, task.config, [task.train[i] for i in batch])
         for g in optimizer.param_groups:
             g["lr"] = checkpoint.learning_rate(step, total, config.learning_rate, config.warmup)

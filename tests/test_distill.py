@@ -434,3 +434,11 @@ def test_a_second_distill_of_the_same_out_is_refused_while_one_runs(tiny_model: 
     held = checkpoint.lock(work)
     checkpoint.unlock(work, held)
     assert not work.exists()  # held by nothing but its lock: removed on release
+
+
+def test_seeds_torch_and_the_config_take_are_taken(tiny_model: Path, texts_file: Path, tmp_path: Path) -> None:
+    """A negative seed (numpy's order of the texts) and one of 2**64 (torch.manual_seed) failed
+    after the teacher had encoded its targets."""
+    for seed in (-1, 1 << 64):
+        report = distill(config(tiny_model, texts_file, epochs=1, seed=seed), tmp_path / f"s{seed}", progress=False)
+        assert report is not None and report.steps > 0

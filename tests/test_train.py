@@ -368,11 +368,18 @@ def test_a_large_seed_trains_and_seeds_that_worked_are_unchanged(tmp_path: Path,
     config = write_config(tmp_path / "t.yaml", **base_config(tmp_path, tiny_model, data, epochs=1, max_steps=2))
     report = run_training(config, {"seed": 10**14}, progress=False)
     assert report.steps == 2 and all(np.isfinite(report.losses))
-    from vecplug.indexer.train import torch_seed
+    from vecplug.indexer.checkpoint import torch_seed
 
     for value in (0, 7 * 1_000_003 + 5, -(1 << 63), (1 << 64) - 1):
         assert torch_seed(value) == value  # what worked is seeded as before
     assert torch_seed(10**14 * 1_000_003) == (10**14 * 1_000_003) % (1 << 64)
+
+    # numpy's generators (BM25 mining's tie-break, distill's order, a field head's split) take
+    # [0, 2**64): a negative seed, which torch and the config take, failed after the model loaded
+    values = base_config(tmp_path, tiny_model, data, epochs=1, max_steps=2, output=str(tmp_path / "neg"))
+    values["tasks"][0]["mine"] = {"method": "bm25"}
+    report = run_training(write_config(tmp_path / "neg.yaml", **values), {"seed": -1}, progress=False)
+    assert report.steps == 2
 
 
 def test_multi_task_labelled_triplet_and_mined_negatives(tmp_path: Path, tiny_model: Path) -> None:
