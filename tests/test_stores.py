@@ -546,6 +546,38 @@ def test_hnswlib_index_in_a_read_only_folder_is_searched() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_hnswlib_reader_verifies_the_last_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's verify checked the commit it had opened: once a writer had committed a new
+    generation (removing the old graph file), every verify said "vectors-1.hnsw is missing";
+    and a commit landing during the check was damage too."""
+    from vecplug.adapters.stores import hnsw
+
+    location = tmp_path / "idx"
+    writer = hnsw.HnswStore.create(str(location), DIM, {"dim": DIM}, {})
+    writer.upsert(records(10), unit_vectors(10, DIM))
+    writer.commit()
+    reader = hnsw.HnswStore.open(str(location), {})
+    try:
+        writer.upsert(records(5, start=10), unit_vectors(5, DIM, seed=2))
+        writer.commit()
+        assert reader.verify() == []
+        # a commit between the reader's move to the last commit and its check of the graph
+        check, landed = hnsw.HnswStore._full_check, []
+
+        def commit_first(folder: Path, db: Any, meta: dict[str, Any], rows: bool = False) -> list[str]:
+            if not landed:
+                writer.upsert(records(5, start=20), unit_vectors(5, DIM, seed=3))
+                writer.commit()
+                landed.append(1)
+            return check(folder, db, meta, rows)
+
+        monkeypatch.setattr(hnsw.HnswStore, "_full_check", staticmethod(commit_first))
+        assert reader.verify() == [] and landed and reader.count() == 20
+    finally:
+        reader.close()
+        writer.close()
+
+
 def test_hnswlib_reader_in_a_read_only_folder_follows_the_owner_s_commits(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader opened as immutable (its folder is not writable: a search service running as

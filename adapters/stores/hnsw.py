@@ -544,9 +544,6 @@ class HnswStore(VectorStore):
     def _sql(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         if self._db is None:
             raise VecplugError(f"the index at {self.folder} is closed")
-        if self._frozen is not None:  # an immutable reader sees no commit unless it reopens
-            with self._mutex:
-                self._refresh()
         try:
             return self._db.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
@@ -610,11 +607,15 @@ class HnswStore(VectorStore):
         self._filter_cache.clear()
         self._data_version = None
 
-    def _move_to_last_commit(self) -> None:
+    def _commit_moved(self) -> bool:
+        """Whether the last commit is another than the one this reader reads."""
         rows = {key: json.loads(value) for key, value in
                 self._sql("SELECT key, value FROM meta WHERE key IN ('generation', 'checksum')")}
-        if not rows or (rows.get("generation") == self._meta["generation"]
-                        and rows.get("checksum") == self._meta.get("checksum")):
+        return bool(rows) and (rows.get("generation"), rows.get("checksum")) != (
+            self._meta["generation"], self._meta.get("checksum"))
+
+    def _move_to_last_commit(self) -> None:
+        if not self._commit_moved():
             return
         try:
             meta = self._read_meta(self._db, self.folder / DB_NAME)
@@ -650,7 +651,17 @@ class HnswStore(VectorStore):
                                     [*part, self._next_label]))
         return labels
 
+    def _rows_current(self) -> None:
+        """Before rows are read outside a search: a reader opened as immutable sees another
+        process's commits only by reopening (searches move to the last commit as they start;
+        a reopen inside one, as a refresh from its row reads did, left the language filter's
+        cache on the old labels)."""
+        if self._frozen is not None:
+            with self._mutex:
+                self._refresh()
+
     def get(self, ids: Sequence[str]) -> list[Record]:
+        self._rows_current()
         found: dict[str, Record] = {}
         for i in range(0, len(ids), 500):
             part = list(ids[i:i + 500])
@@ -671,23 +682,35 @@ class HnswStore(VectorStore):
             return dict(zip(found, _items(self._index, [by_id[rid] for rid in found])))
 
     def ids(self) -> Iterator[str]:
+        self._rows_current()
         for (rid,) in self._sql("SELECT id FROM records ORDER BY label"):
             yield rid
 
     def count(self) -> int:
+        self._rows_current()
         return int(self._sql("SELECT COUNT(*) FROM records")[0][0])
 
     def languages(self) -> dict[str, int]:
+        self._rows_current()
         rows = self._sql("SELECT COALESCE(lang, 'und'), COUNT(*) FROM records GROUP BY 1 ORDER BY 2 DESC")
         return {lang: n for lang, n in rows}
 
     def verify(self, rows: bool = True) -> list[str]:
-        """Everything wrong with the committed files, checked in full (empty: all is well)."""
+        """Everything wrong with the committed files, checked in full (empty: all is well). A
+        reader checks the last commit, and one that a writer's commit replaced while it was
+        checked (its graph file removed) again, as opening does: that is not damage."""
         with self._mutex:
-            try:
-                problems = self._full_check(self.folder, self._db, self._meta, rows=rows)
-            except sqlite3.Error as exc:
-                problems = [str(_sqlite_error(exc, self.folder / DB_NAME))]
+            for _ in range(_OPEN_RETRIES):
+                if not self._writable:
+                    self._refresh()
+                try:
+                    problems = self._full_check(self.folder, self._db, self._meta, rows=rows)
+                except FileNotFoundError as exc:  # removed between its check and its read
+                    problems = [f"{Path(str(exc.filename)).name} is missing"]
+                except sqlite3.Error as exc:
+                    problems = [str(_sqlite_error(exc, self.folder / DB_NAME))]
+                if not problems or self._writable or not self._commit_moved():
+                    break
             try:
                 copy = json.loads((self.folder / MANIFEST_NAME).read_text(encoding="utf-8"))
             except (OSError, ValueError):
