@@ -196,9 +196,10 @@ def build_examples(config: DistillConfig,
 
 def check_output(out: Path, teacher: Any) -> None:
     """Refuse ``out`` when writing the student there would destroy something: the student
-    replaces the whole folder. Only a student of this same teacher (an earlier run's, or the
-    ``--init`` student trained on in place) may be replaced; never the teacher's own folder
-    nor a folder inside it. ``teacher``: the resolved teacher (ModelInfo)."""
+    replaces the whole folder. Only a student of this same teacher (an earlier run's, the
+    ``--init`` student trained on in place, or one of an earlier build of the teacher's folder,
+    which no longer loads) may be replaced; never the teacher's own folder nor a folder inside
+    it. ``teacher``: the resolved teacher (ModelInfo)."""
     from vecplug.indexer.student import is_student_folder, read_student_meta
 
     target, home = out.expanduser().resolve(), Path(teacher.path).resolve()
@@ -212,7 +213,10 @@ def check_output(out: Path, teacher: Any) -> None:
             meta = read_student_meta(out)
         except ModelError:
             meta = {}
-        if meta.get("kind") == STUDENT_KIND and meta.get("teacher_checksum") == teacher.checksum:
+        named = str(meta.get("teacher", ""))
+        same_teacher = meta.get("teacher_checksum") == teacher.checksum or named == teacher.spec or (
+            bool(named) and Path(named).expanduser().resolve() == home)  # that teacher rebuilt since
+        if meta.get("kind") == STUDENT_KIND and same_teacher:
             return
     raise ConfigError(f"{out} exists and holds something else (not a student of {teacher.spec}); "
                       "remove it or choose another --out")

@@ -388,6 +388,8 @@ def test_passages_longer_than_the_encoder_keeps_are_refused(tmp_path: Path, tiny
     assert re.search(r"note: \d+ documents are longer than the document encoder keeps \(128 tokens\)", out)
     assert "this index's passages of 200 tokens do not fit either (up to 126 do): build it again with " \
            "--chunk-tokens 126" in out
+    # the same length given again (a setting left from the first build) is the index's own
+    assert "indexed 0 documents" in run("index", str(root), "--chunk-tokens", "200", "--lang", "en", "-q")
 
 
 def test_records_longer_than_the_encoder_keeps_are_counted(tmp_path: Path, tiny_model: Path) -> None:

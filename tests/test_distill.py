@@ -377,6 +377,14 @@ def test_out_is_never_a_folder_the_student_would_destroy(tiny_model: Path, other
     # a student of this teacher (an earlier run's) is replaced by the new one
     assert distill(config(tiny_model, texts_file, epochs=1), other_student, progress=False) is not None
     assert json.loads((other_student / "student.json").read_text())["training"]["steps"] == 6
+    # ... and one of an earlier build of the teacher's folder (it no longer loads: distilled again)
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(other_tiny_model, rebuilt)
+    old = tmp_path / "old-student"
+    distill(config(rebuilt, texts_file, epochs=1), old, progress=False)
+    shutil.rmtree(rebuilt)
+    shutil.copytree(tiny_model, rebuilt)  # the same folder, other weights
+    assert distill(config(rebuilt, texts_file, epochs=1), old, progress=False) is not None
 
 
 def test_texts_read_as_a_corpus_report_what_they_skip(tiny_model: Path, tmp_path: Path) -> None:

@@ -199,7 +199,7 @@ class Index:
         c = self.settings.corpus
         tokens = int(c.chunk_tokens or built.get("chunk_tokens") or CORPUS_DEFAULTS["chunk_tokens"])
         if room is not None and tokens > room:
-            if c.chunk_tokens:
+            if c.chunk_tokens and c.chunk_tokens != built.get("chunk_tokens"):  # the index's own: kept
                 raise ConfigError(
                     f"corpus.chunk_tokens ({tokens} tokens) is more than the document encoder keeps of a "
                     f"passage: {room} tokens (model.document_max_length {self.encoder.document_max_length}, "
