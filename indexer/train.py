@@ -100,6 +100,11 @@ def validate(config: TrainConfig) -> None:
     if config.kind == "field-head":
         _validate_field_head(config)
         return
+    if config.kind == "cross-encoder" and config.eval.xquad_r:
+        # XQuAD-R scores an encoder's vectors; a cross-encoder has none (it was loaded, and
+        # ignored without a word)
+        raise bad("eval.xquad_r scores a bi-encoder's retrieval; a cross-encoder run does not use it: "
+                  "remove it (score the trained reranker with vecplug eval --rerank cross-encoder:OUTPUT)")
     names = set()
     for i, task in enumerate(config.tasks):
         where = f"task {i + 1} ({task.name or task.data})"

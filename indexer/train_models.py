@@ -22,6 +22,10 @@ def _quiet_load(fn: Any, *args: Any, **kwargs: Any) -> Any:
             return fn(*args, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelError(f"could not load {args[0]}: {exc}") from exc
+    except RuntimeError as exc:  # transformers' "size mismatch" of a head with other labels
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"could not load {args[0]} for this training: {first} (a cross-encoder with "
+                         "another number of labels than 1: start from its base model)") from exc
 
 
 def keep_layers(model: Any, k: int) -> list[int]:
@@ -49,6 +53,10 @@ class TrainableModel:
         if info.teacher is not None:
             raise ModelError(f"{info.spec} is a query student (it shares its teacher's vocabulary "
                              "table); train its teacher, then distil a new student from the result")
+        if kind != "cross-encoder":
+            from vecplug.indexer.encoder import refuse_cross_encoder
+
+            refuse_cross_encoder(info, "base")  # its head would be dropped without a word
         self.info = info
         self.kind = kind
         self.tokenizer = _quiet_load(AutoTokenizer.from_pretrained, str(info.tokenizer_path),
@@ -66,9 +74,11 @@ class TrainableModel:
         self.layers = keep_layers(self.model, layers) if layers else None
         if freeze_word_embeddings:
             self.model.get_input_embeddings().weight.requires_grad_(False)
-        from vecplug.indexer.encoder import position_limit
+        from vecplug.indexer.encoder import max_tokens
 
-        self.max_length = min(max_length, position_limit(self.model.config.to_dict()))
+        # the positions and the tokenizer's own limit, as the encoder and the reranker that will
+        # serve the model cut texts (a tokenizer saying 128 beside 512 positions trained on more)
+        self.max_length = min(max_length, max_tokens(info))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def prefix(self, which: str) -> str:

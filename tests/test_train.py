@@ -100,6 +100,7 @@ def test_config_is_safe_yaml_and_flags_override(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("change, message", [
+    ({"kind": "cross-encoder", "eval": {"xquad_r": "x"}}, "a cross-encoder run does not use it"),
     ({"kind": "poly-encoder"}, "kind"),
     ({"schedule": "roundrobin"}, "schedule"),
     ({"batch_size": 1}, "batch_size"),
@@ -528,6 +529,36 @@ def test_a_trained_cross_encoder_is_refused_as_an_encoder_of_texts(tmp_path: Pat
     texts.write_text("\n".join(TINY_TEXT) + "\n")
     with pytest.raises(ModelError, match="not a teacher encoder"):
         distill(DistillConfig(teacher=str(folder), layers=1, texts=(str(texts),)), tmp_path / "s", progress=False)
+    # nor the base of a bi-encoder's training (its head was dropped, the output called an encoder)
+    with pytest.raises(ModelError, match="not a base encoder"):
+        TrainableModel(resolve_model(str(folder)), "bi-encoder", 32)
+    assert TrainableModel(resolve_model(str(folder)), "cross-encoder", 32).kind == "cross-encoder"
+
+
+def test_training_cuts_texts_where_serving_does_and_names_a_head_it_cannot_take(
+        tmp_path: Path, tiny_model: Path) -> None:
+    """A tokenizer that keeps fewer tokens than the positions (a sentence-transformers base: 128
+    beside 512) trained on longer texts than the encoder and the reranker ever read; a
+    cross-encoder with two labels was a RuntimeError traceback."""
+    import shutil
+
+    from transformers import AutoModelForSequenceClassification
+
+    from vecplug.errors import ModelError
+    from vecplug.indexer.models import resolve_model
+    from vecplug.indexer.train_models import TrainableModel
+
+    short = tmp_path / "short"
+    shutil.copytree(tiny_model, short)
+    tok = json.loads((short / "tokenizer_config.json").read_text())
+    (short / "tokenizer_config.json").write_text(json.dumps({**tok, "model_max_length": 16}))
+    assert TrainableModel(resolve_model(str(short)), "bi-encoder", 32).max_length == 16
+    two = tmp_path / "two-labels"
+    AutoModelForSequenceClassification.from_pretrained(str(tiny_model), num_labels=2).save_pretrained(str(two))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model / name, two / name)
+    with pytest.raises(ModelError, match="another number of labels than 1"):
+        TrainableModel(resolve_model(str(two)), "cross-encoder", 32)
 
 
 def test_distill_from_a_trained_model_gives_its_student(tmp_path: Path, tiny_model: Path) -> None:
