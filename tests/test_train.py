@@ -939,3 +939,19 @@ def test_single_example_batches_are_said_not_dropped_silently() -> None:
     steps = plan_steps(TrainConfig(batch_size=4, epochs=2), [task], said.append)
     assert sorted(i for _, _, batch in steps for i in batch) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert any("1 batch of a single example" in m for m in said)
+
+
+def test_a_cross_encoder_s_held_out_labelled_pairs_are_scored() -> None:
+    """A cross-encoder trained on labelled pairs held examples out and never scored them (its
+    evaluations were empty); it gets the gap of its scores, as a bi-encoder its cosines."""
+    from types import SimpleNamespace
+
+    from vecplug.indexer.train_data import Example
+    from vecplug.indexer.train_eval import evaluate_held_out
+
+    held = [Example("q1", ("good",), label=1.0), Example("q2", ("bad",), label=0.0),
+            Example("q3", ("good too",), label=1.0), Example("q4", ("bad too",), label=0.0)]
+    model = SimpleNamespace(kind="cross-encoder",
+                            score_all=lambda pairs: np.array([3.0 if "good" in d else -1.0 for _, d in pairs]))
+    task = SimpleNamespace(name="nli", held_out=held, config=SimpleNamespace(format="labelled"))
+    assert evaluate_held_out(model, [task]) == {"nli": {"examples": 4, "score_gap": 4.0}}
