@@ -405,7 +405,7 @@ def _lang(value: Any, problems: list[Problem], path: Path, lineno: int) -> str |
     try:
         return lang_code(_text(value))
     except ValueError as exc:
-        problems.append(Problem(str(path), f"field lang: {exc}: detected instead", lineno))
+        problems.append(Problem(str(path), f"field lang: {exc}: detected instead", lineno, kept=True))
         return None
 
 

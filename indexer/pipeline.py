@@ -341,7 +341,7 @@ def _own_lang(doc: Document, problems: list[Problem]) -> str | None:
         return lang_code(doc.lang)
     except ValueError as exc:
         problems.append(Problem(str(doc.source), f"document {doc.id!r}: field lang: {exc}: detected instead",
-                                doc.position))
+                                doc.position, kept=True))
         return None
 
 

@@ -392,6 +392,17 @@ def test_passages_longer_than_the_encoder_keeps_are_refused(tmp_path: Path, tiny
     assert "indexed 0 documents" in run("index", str(root), "--chunk-tokens", "200", "--lang", "en", "-q")
 
 
+def test_a_record_kept_with_its_language_detected_is_not_called_skipped(tmp_path: Path, tiny_model: Path) -> None:
+    """A record whose Lang is a language name is indexed with its language detected: the CLI
+    said "skipped" for it."""
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "x.csv").write_text("Title,Text,Lang\nHello,water boils at one hundred degrees,english\n")
+    out = run("index", str(root), "--model", str(tiny_model), "-q")
+    assert "note x.csv:2: document 'x.csv#L2': field lang: 'english' is not a language code" in out
+    assert "skipped" not in out and "indexed 1 documents" in out
+
+
 def test_records_longer_than_the_encoder_keeps_are_counted(tmp_path: Path, tiny_model: Path) -> None:
     """A JSONL record is one document, not cut into passages: one longer than the encoder keeps
     was embedded by its beginning only, without a word."""

@@ -114,7 +114,7 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
             click.echo(f"note: --query-encoder sets a new index's query encoder; this one searches with "
                        f"{built.get('query_encoder')} (give --query-encoder to search)", err=True)
     for problem in report.problems:
-        click.echo(f"skipped {problem}", err=True)
+        click.echo(f"{_problem_word(problem)} {problem}", err=True)
     rate = report.documents / report.seconds if report.seconds else 0.0
     langs = ", ".join(f"{k} {v}" for k, v in report.languages.most_common())
     click.echo(f"indexed {report.documents} documents from {report.files} files "
@@ -427,7 +427,7 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     data = load_dataset(dataset, langs=lang_list, split=split)
     # before evaluating, so that they show also when they leave nothing to evaluate
     for problem in data.problems:
-        click.echo(f"skipped {problem}", err=True)
+        click.echo(f"{_problem_word(problem)} {problem}", err=True)
     choice = "off" if no_debias else debias
     debias_values = {None: [None], "on": [True], "off": [False], "both": [False, True]}[choice]
     runs = make_runs(query_encoders or [None], modes, reranks or [None], debias_values)
@@ -439,11 +439,16 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
                       progress=not quiet, log=log, limit=limit)
     # what indexing skipped (documents no store can hold), after the dataset's own problems
     for problem in report.dataset["problems"][len(data.problems):]:
-        click.echo(f"skipped {problem}", err=True)
+        click.echo(f"{_problem_word(problem)} {problem}", err=True)
     click.echo(report.markdown())
     if out:
         for path in report.write(out, per_query=per_query):
             click.echo(f"wrote {path}", err=True)
+
+
+def _problem_word(problem: Any) -> str:
+    """How a problem is printed: "skipped", or "note" for input used without the value named."""
+    return "note" if getattr(problem, "kept", False) else "skipped"
 
 
 def main() -> None:

@@ -109,11 +109,13 @@ class Hit:
 
 @dataclass(frozen=True)
 class Problem:
-    """A piece of input that was skipped, with where it was and why."""
+    """A piece of input that was skipped, with where it was and why; ``kept``: the input was
+    used all the same, without the value named (a language that is no code, detected instead)."""
 
     path: str
     reason: str
     line: int | None = None
+    kept: bool = False
 
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line is not None else self.path
