@@ -38,6 +38,8 @@ CRLF, lone CR                                  decoded as a line break (lines ar
 U+2028, U+0085, form feed...                   kept as characters, not line breaks
 huge single-line text (under the limit)        chunked; tokenized in blocks of ~64K chars
 Markdown heading over 200 characters           not used as title (still indexed as text)
+Markdown YAML front matter                     not embedded (its ``title:`` is the title); a
+                                               file of front matter only is reported
 Markdown title over a quarter of what the      cut in the embedded text (whole as payload);
   encoder keeps (``room``)                     passages leave room for it
 JSONL/CSV: one enormous line under the limit   read as one record (records are not chunked),
@@ -323,7 +325,15 @@ class CorpusReader:
             self.unread.add(rel)
             self._report(rel, f"{_bad_text_reason(bad.group())}: file skipped", line)
             return
-        title = markdown_title(text) if path.suffix.lower() == ".md" else None
+        title = None
+        if path.suffix.lower() == ".md":
+            title = markdown_title(text)
+            # YAML front matter (Jekyll, Hugo, MkDocs) is not the document's text: embedded, it
+            # filled the first passage and its snippet, and the language detector read it
+            text = text[front_matter_end(text):]
+            if not _NON_SPACE.search(text):
+                self._report(rel, "holds only its front matter (no text)")
+                return
         size, lead = self.options.chunk_tokens, title
         if title and self.options.room is not None:
             # the title is embedded before each passage: both must fit in what the encoder
@@ -788,6 +798,25 @@ def _csv_field_limit(limit: int) -> Iterator[None]:
 
 
 # -- text ------------------------------------------------------------------
+
+
+_FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(?:.*?\n)??(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
+
+
+_YAML_KEY = re.compile(r"\s*(?:#.*)?\n|[\"']?[A-Za-z_][\w .-]*[\"']?[ \t]*:")
+
+
+def front_matter_end(text: str) -> int:
+    """Where a Markdown text's YAML front matter (``---`` on the first line, up to a ``---`` or
+    ``...`` line, opening with a ``key:``) ends; 0 when it has none (one never closed is no
+    front matter, nor text between two rules)."""
+    m = _FRONT_MATTER.match(text)
+    if not m:
+        return 0
+    block = text[text.index("\n") + 1:m.end()]
+    first = next((line for line in block.splitlines(keepends=True) if line.strip() and not
+                  line.lstrip().startswith("#")), "")
+    return m.end() if not first or _YAML_KEY.match(first) or first.rstrip() in ("---", "...") else 0
 
 
 def markdown_title(text: str) -> str | None:

@@ -51,6 +51,22 @@ def test_a_markdown_title_and_each_passage_fit_what_the_encoder_keeps(tmp_path: 
     assert docs[1].text.startswith(title + "\n") and len(docs[1].text.split()) > 40
 
 
+def test_markdown_front_matter_is_not_embedded(tmp_path: Path) -> None:
+    """A Hugo/Jekyll page's YAML front matter was embedded with its first passage (snippet and
+    vector) and read by the language detector: a German page came out English."""
+    (tmp_path / "de.md").write_text("---\ntitle: Zugspitze\nlayout: post\ntags: [a, b]\n---\n"
+                                    "Die Zugspitze ist 2.962 Meter hoch.\n")
+    (tmp_path / "rules.md").write_text("---\nNot YAML, a rule above and below\n---\nText.\n")
+    (tmp_path / "only.md").write_text("---\ntitle: Empty\n---\n")
+    docs, problems = read(tmp_path)
+    by = {d.source: d for d in docs}
+    assert by["de.md"].text == "Zugspitze\nDie Zugspitze ist 2.962 Meter hoch." and by["de.md"].payload == {
+        "title": "Zugspitze"}
+    assert by["rules.md"].text.startswith("---\nNot YAML")  # two rules around text: kept
+    assert "only.md" not in by and [(p.path, p.reason) for p in problems] == [
+        ("only.md", "holds only its front matter (no text)")]
+
+
 def test_chunking_prefers_sentence_ends() -> None:
     text = " ".join(["Ein Satz hier."] * 40)
     parts = chunk(text, words, size=20, overlap=0)
