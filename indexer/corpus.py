@@ -803,7 +803,7 @@ def _csv_field_limit(limit: int) -> Iterator[None]:
 _FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(?:.*?\n)??(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
 
 
-_YAML_KEY = re.compile(r"\s*(?:#.*)?\n|[\"']?[A-Za-z_][\w .-]*[\"']?[ \t]*:")
+_YAML_KEY = re.compile(r"[\"']?[A-Za-z_][\w .-]*[\"']?[ \t]*:")  # a front matter's first line
 
 
 def front_matter_end(text: str) -> int:
