@@ -644,6 +644,27 @@ def pair_truncation(query_tokens: int, pair_specials: int, max_length: int) -> s
     return "only_second" if query_tokens + pair_specials < max_length else "longest_first"
 
 
+def pad_pairs(rows: Sequence[Mapping[str, list[int]]], pad_id: int) -> dict[str, Any]:
+    """Token-id rows of (query, document) pairs (``input_ids``, maybe ``token_type_ids``) as a
+    cross-encoder's input tensors, padded on the right, the attention mask built: for the
+    reranker and for cross-encoder training alike."""
+    import torch
+
+    longest = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
+    mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        ids[i, :n] = torch.tensor(row["input_ids"], dtype=torch.long)
+        mask[i, :n] = 1
+        if "token_type_ids" in row:
+            types[i, :n] = torch.tensor(row["token_type_ids"], dtype=torch.long)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in rows[0]:
+        inputs["token_type_ids"] = types
+    return inputs
+
+
 def max_tokens(info: ModelInfo) -> int:
     """The most tokens ``info``'s model takes, from its JSON files (no weights loaded): its
     position table's size (512 if its config.json names none), or its tokenizer's

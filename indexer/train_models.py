@@ -103,7 +103,7 @@ class TrainableModel:
         as :class:`~vecplug.adapters.rerank.cross_encoder.CrossEncoderReranker` cuts it
         (:func:`~vecplug.indexer.encoder.pair_truncation`, chosen per pair by its query's
         length): training cut both sides, and so learned on queries the reranker reads whole."""
-        from vecplug.indexer.encoder import pair_truncation
+        from vecplug.indexer.encoder import pad_pairs, pair_truncation
 
         queries, docs = list(queries), list(docs)
         specials = int(self.tokenizer.num_special_tokens_to_add(pair=True))
@@ -117,20 +117,8 @@ class TrainableModel:
                                  max_length=self.max_length)
             for j, i in enumerate(idx):
                 rows[i] = {k: enc[k][j] for k in ("input_ids", "token_type_ids") if k in enc}
-        # padded here, as the reranker pads (right, mask rebuilt): the groups were cut apart
-        longest = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
-        mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
-        for r, row in enumerate(rows):
-            n = len(row["input_ids"])
-            ids[r, :n] = torch.tensor(row["input_ids"], dtype=torch.long)
-            mask[r, :n] = 1
-            if "token_type_ids" in row:
-                types[r, :n] = torch.tensor(row["token_type_ids"], dtype=torch.long)
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in rows[0]:
-            inputs["token_type_ids"] = types
-        return self.model(**inputs).logits[:, 0]
+        # padded here, as the reranker pads: the groups were cut apart
+        return self.model(**pad_pairs(rows, self.pad_id)).logits[:, 0]
 
     @torch.inference_mode()
     def embed_all(self, texts: Sequence[str], prefix: str, batch: int = 64) -> np.ndarray:

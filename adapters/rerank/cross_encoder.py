@@ -124,6 +124,8 @@ class CrossEncoderReranker(Reranker):
         """Relevance scores (float32) of ``(query, document)`` pairs; higher is more relevant."""
         import torch
 
+        from vecplug.indexer.encoder import pad_pairs
+
         self.load()
         scores = np.zeros(len(pairs), dtype=np.float32)
         if not pairs:
@@ -143,20 +145,7 @@ class CrossEncoderReranker(Reranker):
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 batch = order[start:start + self.batch_size]
-                longest = len(items[batch[0]]["input_ids"])
-                ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
-                mask = torch.zeros((len(batch), longest), dtype=torch.long)
-                types = torch.zeros((len(batch), longest), dtype=torch.long)
-                for row, i in enumerate(batch):
-                    seq = items[i]["input_ids"]
-                    ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-                    mask[row, :len(seq)] = 1
-                    if "token_type_ids" in items[i]:
-                        types[row, :len(seq)] = torch.tensor(items[i]["token_type_ids"], dtype=torch.long)
-                inputs = {"input_ids": ids, "attention_mask": mask}
-                if "token_type_ids" in items[batch[0]]:
-                    inputs["token_type_ids"] = types
-                logits = self.model(**inputs).logits.float()
+                logits = self.model(**pad_pairs([items[i] for i in batch], pad_id)).logits.float()
                 s = logits[:, 0] if self.num_labels == 1 else logits[:, 1] - logits[:, 0]
                 scores[batch] = s.numpy()
         return scores
