@@ -399,7 +399,8 @@ def models_build(name: str, force: bool) -> None:
                    "[default: a temporary folder].")
 @click.option("--out", type=click.Path(file_okay=False),
               help="Write report.md, report.json and heatmap-*.svg into this folder.")
-@click.option("--limit", type=click.IntRange(min=1), help="Only the first N queries of each language.")
+@click.option("--limit", type=click.IntRange(min=1), help="Only the first N queries of each language (every document is still "
+                   "indexed: the pool stays whole; --index DIR keeps it for the next run).")
 @click.option("--per-query/--summary-only", default=True,
               help="Put every query's numbers in report.json, or only the aggregates.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
