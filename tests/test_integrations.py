@@ -174,6 +174,9 @@ def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:
     points, _ = client.scroll("docs", with_payload=True, limit=10)
     assert {p.payload["lang"] for p in points} == {"en", "de", "ru", "zh"}
     assert len(searcher.embed_query("water")) == 32
+    # the caller's collection, not the settings' index folder (".vecplug") it never opened
+    info = searcher.index.info()
+    assert info["location"] == "collection 'docs' at :memory:" and info["documents"] == 4
     searcher.close()
     assert client.collection_exists("docs")  # the caller's client is left open
 

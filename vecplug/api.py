@@ -134,10 +134,13 @@ def _store_in_folder(folder: str) -> str | None:
 class Index:
     """An open vecplug index: a vector store plus the encoders it was built with."""
 
-    def __init__(self, settings: Settings, store: Any, writable: bool) -> None:
+    def __init__(self, settings: Settings, store: Any, writable: bool, *,
+                 location: str | None = None) -> None:
         self.settings = settings
         self.store = store
         self.writable = writable
+        #: what :meth:`info` names as the index's location (default: the settings' folder or URL)
+        self.location = location
         self._encoder: Any = None
         self._detector: Any = None
         self._stats: Any = None
@@ -738,7 +741,8 @@ class Index:
         """What the index holds and what it was built with."""
         manifest = self.manifest
         manifest.pop("language_stats", None)  # hundreds of numbers per language: not for reading
-        return {"location": _store_target(self.settings)[1], "documents": self.store.count(),
+        location = self.location or _store_target(self.settings)[1]
+        return {"location": location, "documents": self.store.count(),
                 "languages": self.store.languages(), "manifest": manifest}
 
     def close(self) -> None:

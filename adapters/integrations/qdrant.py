@@ -24,7 +24,8 @@ class QdrantSearcher:
         # the index is the caller's client's (no url, no folder: the store is given below)
         settings = load_settings(overrides={"model": {"query": query}})
         store = QdrantStore.open("client://", {"client": client, "collection": collection})
-        self.index = Index(settings, store, writable=False)
+        # the settings' index folder is not this index: info() names the caller's collection
+        self.index = Index(settings, store, writable=False, location=store.where)
 
     @property
     def encoder(self) -> Any:

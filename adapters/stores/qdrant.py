@@ -602,6 +602,12 @@ class QdrantStore(VectorStore):
     def dim(self) -> int:
         return self._dim
 
+    @property
+    def where(self) -> str:
+        """Where the index is, for people: ``collection 'docs' at http://...`` or ``folder ...``
+        (a caller's client is named by the URL or path it was made with)."""
+        return self._live().where
+
     def _live(self, write: bool = False) -> _Server | _Edge:
         if self._b is None:
             raise VecplugError("the qdrant store is closed")
