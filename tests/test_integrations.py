@@ -65,6 +65,20 @@ def test_langchain(tiny_model: Path, tiny_student: Path) -> None:
         warnings.simplefilter("error")
         emb.embed_documents([long])
 
+    # copies share the loaded models (deepcopy failed on their locks); a pickled one, as
+    # worker processes get it, loads the same models again (pickling failed too)
+    import copy
+    import pickle
+
+    from vecplug.embedders import load_encoder
+
+    assert copy.deepcopy(emb).encoder is emb.encoder
+    for original in (emb, cls(encoder=load_encoder(str(tiny_model), str(tiny_student)))):
+        again = pickle.loads(pickle.dumps(original))
+        assert again.encoder is not original.encoder
+        assert again.encoder.describe()["query_encoder"] == str(tiny_student)
+        np.testing.assert_allclose(again.embed_query("water"), original.embed_query("water"), atol=1e-6)
+
 
 def test_llamaindex(tiny_model: Path, tiny_student: Path) -> None:
     pytest.importorskip("llama_index.core")
@@ -79,6 +93,11 @@ def test_llamaindex(tiny_model: Path, tiny_student: Path) -> None:
     index = VectorStoreIndex.from_documents([Document(text=t) for t in DOCS], embed_model=emb)
     nodes = index.as_retriever(similarity_top_k=4).retrieve(DOCS[1])
     assert len(nodes) == 4 and {n.node.get_content() for n in nodes} == set(DOCS)
+    # a copy (pydantic's deep model_copy too) shares the loaded models: it failed on their locks
+    import copy
+
+    for duplicate in (copy.deepcopy(emb), emb.model_copy(deep=True)):
+        assert duplicate._encoder is emb._encoder and duplicate.query == str(tiny_student)
 
 
 def test_llamaindex_round_trips_and_batches_async(tiny_model: Path, tiny_student: Path) -> None:
@@ -131,18 +150,28 @@ def test_llamaindex_round_trips_and_batches_async(tiny_model: Path, tiny_student
 
     # ... but a query asked during an ingestion on the same loop does not queue behind all of
     # its batches (one shared turn made it wait for the whole ingestion)
+    # (each batch holds its turn until the query is answered, or 5 s: no race with the clock)
+    release = threading.Event()
+
     async def query_during_ingestion() -> tuple[int, list[float]]:
-        ingestion = asyncio.ensure_future(emb.aget_text_embedding_batch(texts))  # 5 batches, 0.05 s each
+        ingestion = asyncio.ensure_future(emb.aget_text_embedding_batch(texts))  # 5 batches
         await asyncio.sleep(0.01)  # the batches are queued
         vector = await emb.aget_query_embedding("water")
-        batches_done = len(done)
+        batches_started = len(started)
+        release.set()
         await ingestion
-        return batches_done, vector
+        return batches_started, vector
 
-    done: list[int] = []
-    emb._encoder.encode_documents = lambda texts: done.append(len(texts)) or counted(texts)
-    finished_before, vector = asyncio.run(query_during_ingestion())
-    assert finished_before < 5 and np.allclose(vector, want, atol=1e-6)
+    started: list[int] = []
+
+    def held(texts: list[str]) -> np.ndarray:
+        started.append(len(texts))
+        release.wait(5)
+        return encode(texts)
+
+    emb._encoder.encode_documents = held
+    started_before, vector = asyncio.run(query_during_ingestion())
+    assert started_before <= 1 and np.allclose(vector, want, atol=1e-6)
 
 
 def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:

@@ -64,6 +64,11 @@ class VecplugEmbedding(BaseEmbedding):
         super().__init__(index=index, document=document, query=query, **kwargs)
         self._encoder = enc
 
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> "VecplugEmbedding":  # pydantic: no memo
+        # a copy shares the loaded models: they are read-only once loaded, and hold locks,
+        # which cannot be copied (pydantic's deep copy failed on them)
+        return self.model_copy()
+
     @classmethod
     def class_name(cls) -> str:
         return "VecplugEmbedding"
