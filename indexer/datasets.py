@@ -376,7 +376,7 @@ def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
                 yield lineno, line.rstrip("\r\n")
 
 
-def _jsonl(path: Path, problems: list[Problem]) -> Iterator[tuple[int, dict[str, Any]]]:
+def jsonl_objects(path: Path, problems: list[Problem]) -> Iterator[tuple[int, dict[str, Any]]]:
     """JSON objects of a JSONL file; malformed lines (``NaN`` included) become problems."""
     for lineno, line in _lines(path, problems):
         try:
@@ -451,7 +451,7 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
     corpus_path = folder / "corpus.jsonl"
     documents: list[Document] = []
     doc_ids: set[str] = set()
-    for lineno, obj in _jsonl(corpus_path, problems):
+    for lineno, obj in jsonl_objects(corpus_path, problems):
         did = _text(obj.get("_id"))
         if not did:
             problems.append(Problem(str(corpus_path), "record has no _id", lineno))
@@ -475,7 +475,7 @@ def load_beir(folder: str | Path, split: str | None = None, *, name: str | None 
 
     queries_path = folder / "queries.jsonl"
     all_queries: dict[str, EvalQuery] = {}
-    for lineno, obj in _jsonl(queries_path, problems):
+    for lineno, obj in jsonl_objects(queries_path, problems):
         if isinstance(obj.get("text"), (list, dict)):
             problems.append(Problem(str(queries_path), "query text is not a string", lineno))
             continue

@@ -111,10 +111,10 @@ def _query(value: Any) -> str:
 
 
 def _read_jsonl(path: Path, names: tuple[str, ...], problems: list[Problem]) -> list[FieldExample]:
-    from vecplug.indexer.datasets import _jsonl  # strict JSON lines: NaN, bad UTF-8 reported
+    from vecplug.indexer.datasets import jsonl_objects  # strict JSON lines: NaN, bad UTF-8 reported
 
     out: list[FieldExample] = []
-    for lineno, obj in _jsonl(path, problems):
+    for lineno, obj in jsonl_objects(path, problems):
         try:
             query = _query(obj.get("query"))
             doc = _document(obj.get("document"), names)
@@ -142,21 +142,19 @@ def _read_csv(path: Path, names: tuple[str, ...], problems: list[Problem]) -> li
     # the training data's strict reader: a record that fails (an unclosed quote) costs that
     # record, reported by its line, and reading goes on at the next line; a plain csv.reader
     # took every later row into the open quote and said so once
-    from vecplug.indexer.corpus import CsvFileLines
-    from vecplug.indexer.train_data import _csv_rows, _Reporter
+    from vecplug.indexer.train_data import Reporter, csv_records
 
-    report = _Reporter(path, problems)
+    report = Reporter(path, problems)
     columns = {"query": ("query",), "document": names}
     out: list[FieldExample] = []
-    with path.open("rb") as file:
-        for lineno, record in _csv_rows(path, CsvFileLines(file), report, columns, ("query", "document")):
-            try:
-                query = _query(record.get("query"))
-                doc = _document(record, names)
-            except ValueError as exc:
-                report(str(exc), lineno)
-                continue
-            out.append(FieldExample(query, doc, (), f"{path}:{lineno}"))
+    for lineno, record in csv_records(path, report, columns, ("query", "document")):
+        try:
+            query = _query(record.get("query"))
+            doc = _document(record, names)
+        except ValueError as exc:
+            report(str(exc), lineno)
+            continue
+        out.append(FieldExample(query, doc, (), f"{path}:{lineno}"))
     report.close()
     return out
 

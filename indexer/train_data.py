@@ -255,7 +255,7 @@ def log_problems(problems: Sequence[Problem], where: str | Path, log: Any, first
 
 # -- reading files ---------------------------------------------------------------------------
 
-class _Reporter:
+class Reporter:
     """Appends a file's problems to the caller's list, up to :data:`MAX_PROBLEMS`."""
 
     def __init__(self, path: Path, problems: list[Problem]) -> None:
@@ -274,7 +274,7 @@ class _Reporter:
             self.problems.append(Problem(str(self.path), f"{hidden} more problems in this file not listed"))
 
 
-def _jsonl_records(path: Path, report: _Reporter) -> Iterator[tuple[int, dict[str, Any]]]:
+def _jsonl_records(path: Path, report: Reporter) -> Iterator[tuple[int, dict[str, Any]]]:
     line_problems: list[Problem] = []
     for lineno, line in _lines(path, line_problems):
         for p in line_problems:  # undecodable lines, reported by the reader
@@ -296,13 +296,17 @@ def _jsonl_records(path: Path, report: _Reporter) -> Iterator[tuple[int, dict[st
         report(p.reason, p.line)
 
 
-def _csv_records(path: Path, report: _Reporter, names: Mapping[str, tuple[str, ...]],
-                 required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+def csv_records(path: Path, report: Reporter, names: Mapping[str, tuple[str, ...]],
+                required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record)`` of a CSV/TSV file with a header: ``names`` maps each record key to
+    the column names it may have, ``required`` keys must have a column. A bad row (an
+    unclosed quote, too many cells, undecodable text) is reported by its line and costs that
+    row only."""
     with path.open("rb") as file:
         yield from _csv_rows(path, CsvFileLines(file), report, names, required)
 
 
-def _csv_rows(path: Path, source: CsvFileLines, report: _Reporter, names: Mapping[str, tuple[str, ...]],
+def _csv_rows(path: Path, source: CsvFileLines, report: Reporter, names: Mapping[str, tuple[str, ...]],
               required: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
     # lines split at \n only; an undecodable line is kept with surrogate escapes so the line
@@ -365,9 +369,9 @@ def load_examples(path: str | Path, format: str, *, problems: list[Problem],
     if max_examples is not None and max_examples < 0:
         raise ConfigError(f"max_examples must be positive, not {max_examples}")
     names = _field_names(format, fields)
-    report = _Reporter(path, problems)
+    report = Reporter(path, problems)
     records = (_jsonl_records(path, report) if suffix == ".jsonl"
-               else _csv_records(path, report, names, _REQUIRED[format]))
+               else csv_records(path, report, names, _REQUIRED[format]))
     examples: list[Example] = []
     for lineno, record in records:
         try:
