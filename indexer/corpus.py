@@ -826,22 +826,17 @@ def markdown_title(text: str) -> str | None:
     A heading over MAX_TITLE_CHARS is not a title: it is prepended to every passage, and a
     huge one-line "heading" would multiply the memory of a file.
     """
-    lines_ = _lines_of(text)
-    if next(lines_, "").rstrip() == "---":  # YAML front matter, up to --- or ...
-        front = ""
-        for line in lines_:
-            if line.rstrip() in ("---", "..."):
-                break
-            m = _FRONT_TITLE.fullmatch(line.rstrip())
-            if m and not front and not re.fullmatch(r"[>|][-+0-9]*", m.group(1).strip()):
-                # (a folded or literal block, "title: >", continues on the next lines: not read)
-                front = m.group(1).strip().strip("\"'").strip()
-        else:  # never closed: not front matter
-            lines_ = _lines_of(text)
-        if front:
-            return front if len(front) <= MAX_TITLE_CHARS else None
-    else:
-        lines_ = _lines_of(text)
+    # the front matter as the passages see it (front_matter_end): text between two rules
+    # that is not YAML is the document's, and no "title:" in it is a title
+    end = front_matter_end(text)
+    for line in _lines_of(text[:end]):
+        m = _FRONT_TITLE.fullmatch(line.rstrip())
+        if m and not re.fullmatch(r"[>|][-+0-9]*", m.group(1).strip()):
+            # (a folded or literal block, "title: >", continues on the next lines: not read)
+            front = m.group(1).strip().strip("\"'").strip()
+            if front:
+                return front if len(front) <= MAX_TITLE_CHARS else None
+    lines_ = _lines_of(text, end)
     fence = ""
     for line in lines_:
         m = _FENCE.match(line)
@@ -867,9 +862,9 @@ def markdown_title(text: str) -> str | None:
     return None
 
 
-def _lines_of(text: str) -> Iterator[str]:
-    """The lines of ``text`` one at a time (a title is usually near the top of a large file)."""
-    start = 0
+def _lines_of(text: str, start: int = 0) -> Iterator[str]:
+    """The lines of ``text`` from ``start``, one at a time (a title is usually near the top of
+    a large file)."""
     while start < len(text):
         end = text.find("\n", start)
         end = len(text) if end < 0 else end

@@ -87,6 +87,11 @@ def test_markdown_titles() -> None:
     assert markdown_title("text\n#no space\n#  Spaced  \n") == "Spaced"
     assert markdown_title("```foo```\n# Title\n") == "Title"  # inline code, not a fence
     assert markdown_title("---\ntitle: >\n  Folded\n---\n# Heading\n") == "Heading"  # not ">"
+    # text between two rules that is not YAML is the document's (it is embedded): no "title:"
+    # line in it is a title, and its heading is
+    assert markdown_title("---\nIntro text\ntitle: Foo\n---\n# Bar\n") == "Bar"
+    assert markdown_title("---\nIntro text\n# Inside\n---\n# Bar\n") == "Inside"
+    assert markdown_title("---\ntitle: ''\ntitle: Second\n---\n") == "Second"
 
 
 def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:
