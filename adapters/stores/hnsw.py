@@ -192,6 +192,12 @@ def _file_stats(folder: Path, names: Sequence[str]) -> dict[str, list[int] | Non
     return out
 
 
+def _database_stats(folder: Path) -> dict[str, list[int] | None]:
+    """The database and its write-ahead log as an immutable reader compares them: a change
+    means a commit landed (see HnswStore._frozen)."""
+    return _file_stats(folder, (DB_NAME, DB_NAME + "-wal"))
+
+
 class HnswStore(VectorStore):
     """hnswlib + SQLite in a folder; see the module docstring for the commit protocol."""
 
@@ -351,7 +357,7 @@ class HnswStore(VectorStore):
         """A reader's connection, the last commit's record and graph, and (opened as immutable)
         the database files' stats as they were just before."""
         path = folder / DB_NAME
-        frozen = _file_stats(folder, (DB_NAME, DB_NAME + "-wal"))
+        frozen = _database_stats(folder)
         uri = _reader_uri(path)
         try:
             db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
@@ -549,7 +555,7 @@ class HnswStore(VectorStore):
         except sqlite3.Error as exc:
             error = _sqlite_error(exc, self.folder / DB_NAME)
             if (isinstance(error, CorruptIndexError) and self._frozen is not None
-                    and _file_stats(self.folder, (DB_NAME, DB_NAME + "-wal")) != self._frozen):
+                    and _database_stats(self.folder) != self._frozen):
                 # a commit landing under an immutable reader, not damage: the next read reopens
                 raise StorageError(f"{self.folder} changed while this reader (in a folder it cannot "
                                    "write) read it: try again") from exc
@@ -578,7 +584,7 @@ class HnswStore(VectorStore):
         if self._writable or self._db is None:
             return
         if self._frozen is not None:
-            if _file_stats(self.folder, (DB_NAME, DB_NAME + "-wal")) != self._frozen:
+            if _database_stats(self.folder) != self._frozen:
                 self._reopen()
             return
         # SQLite's count of other connections' commits: one cheap pragma when nothing was
