@@ -447,8 +447,7 @@ class CorpusReader:
 
     def _record(self, rel: str, line: int, obj: dict[str, Any]) -> Document | None:
         fields = {k: v for k, v in obj.items() if v is not None}
-        parts = [str(fields[f]).strip() for f in self.options.embed_fields
-                 if f in fields and str(fields[f]).strip()]
+        parts = [p for p in map(_embedded, (fields.get(f) for f in self.options.embed_fields)) if p]
         if not parts:
             wanted = ", ".join(self.options.embed_fields)
             self._report(rel, f"record has none of the fields {wanted}", line)
@@ -461,6 +460,61 @@ class CorpusReader:
         lang = str(fields["lang"]).strip().lower() or None if "lang" in fields else None
         payload = {k: v for k, v in fields.items() if k not in ("text", "lang")}
         return Document(f"{rel}#{rid}", "\n".join(parts), rel, line, lang, payload)
+
+
+def _embedded(value: Any) -> str:
+    """A record field as it is embedded (appended to the record's text); "" when absent."""
+    return "" if value is None else str(value).strip()
+
+
+def document_body(text: str, source: str, payload: dict[str, Any],
+                  embed_fields: Sequence[str] | None) -> str | None:
+    """A document's body: its text without what :class:`CorpusReader` joined to it from its
+    other fields, "" when it has none; None when nothing was joined to it (a .txt passage) or
+    that cannot be told: its whole text is then the best reading of its body.
+
+    A .jsonl/.csv record's text is its ``embed_fields`` (the index's, from its manifest) joined
+    by line breaks, ``text`` the body, the others kept in the payload; a Markdown passage's
+    text is its title (cut when long) and a line break before the passage, the payload keeping
+    the whole title. The body is taken out only where the text is exactly that join of what the
+    payload holds: a document stored otherwise (added through the API, read with other fields)
+    keeps its whole text.
+    """
+    suffix = os.path.splitext(source)[1].lower()
+    if suffix in RECORD_SUFFIXES:
+        return _record_body(text, payload, tuple(embed_fields or ()))
+    if suffix == ".md":
+        return _passage_body(text, payload.get("title"))
+    return None
+
+
+def _record_body(text: str, payload: dict[str, Any], embed_fields: tuple[str, ...]) -> str | None:
+    """:func:`document_body` of a .jsonl/.csv record read with ``embed_fields``."""
+    if embed_fields.count("text") != 1 or "lang" in embed_fields:
+        return None  # no body among the parts, or a part the payload does not keep
+    at = embed_fields.index("text")
+    before = [p for p in (_embedded(payload.get(f)) for f in embed_fields[:at]) if p]
+    after = [p for p in (_embedded(payload.get(f)) for f in embed_fields[at + 1:]) if p]
+    if text == "\n".join(before + after):
+        return ""  # the record has only other fields
+    head, tail = "".join(p + "\n" for p in before), "".join("\n" + p for p in after)
+    if len(text) <= len(head) + len(tail) or not (text.startswith(head) and text.endswith(tail)):
+        return None
+    body = text[len(head):len(text) - len(tail)]
+    return body if body == body.strip() else None  # a part is stripped: this was no join of them
+
+
+def _passage_body(text: str, title: Any) -> str | None:
+    """:func:`document_body` of a Markdown passage whose payload holds ``title``."""
+    if not isinstance(title, str):
+        return None
+    lead, newline, passage = text.partition("\n")
+    # the title prepended (whole, or cut at a token) is the text's first line. A passage whose
+    # own first line is the title (then not prepended) cannot be told from it, and loses that
+    # line too: the title field holds it. A first line "# Title" is the passage's own heading
+    if not (newline and lead and title.startswith(lead) and passage.strip()):
+        return None
+    return passage
 
 
 def _kind(entry: os.DirEntry[str]) -> str:

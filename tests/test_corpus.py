@@ -314,3 +314,64 @@ def test_a_file_of_another_type_given_alone_is_refused_not_read_as_csv(tmp_path:
         assert [(p.path, p.reason) for p in reader.problems] == [
             (name, "not a file type vecplug reads (.txt, .md, .jsonl, .csv)")]
         assert reader.unread == {name}
+
+
+def test_a_documents_body_is_its_text_without_the_fields_joined_to_it(tmp_path: Path) -> None:
+    """The field reranker reads a record's ``text`` field apart from its title and description
+    (as a trained head learned them), but the index keeps only the joined text: the body is
+    taken back out of it, exactly where the text is that join, and nowhere else."""
+    from vecplug.indexer.corpus import DEFAULT_EMBED_FIELDS, document_body
+
+    records = [{"id": "full", "title": " Fox facts ", "description": "Teaser", "text": "all about\nfoxes",
+                "url": "http://f"},
+               {"id": "no-body", "title": "Only a title", "description": "and a teaser"},
+               {"id": "body-only", "text": "just a body"},
+               {"id": "number", "title": 2024, "text": "a year is a title too"},
+               {"id": "echo", "title": "Echo", "text": "Echo\nthe body repeats the title"}]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "p.csv").write_text('id,title,description,text\nc1,Paris,"Capital, of France",A city.\n')
+    body = " ".join(f"w{i}" for i in range(60))
+    title = " ".join(f"t{i}" for i in range(30))
+    (tmp_path / "long.md").write_text(f"---\ntitle: {title}\n---\n{body}\n")
+    (tmp_path / "short.md").write_text("# Short title\n\nA first passage under its heading.\n")
+    (tmp_path / "plain.txt").write_text("plain text\nof two lines\n")
+    docs, problems = read(tmp_path, chunk_tokens=20, chunk_overlap=5, room=32)
+    assert not problems
+    by_id = {d.id: d for d in docs}
+
+    def body_of(doc_id: str, fields: tuple[str, ...] = DEFAULT_EMBED_FIELDS) -> str | None:
+        doc = by_id[doc_id]
+        return document_body(doc.text, doc.source, doc.payload, fields)
+
+    assert by_id["r.jsonl#full"].text == "Fox facts\nTeaser\nall about\nfoxes"
+    assert body_of("r.jsonl#full") == "all about\nfoxes"
+    assert body_of("r.jsonl#no-body") == ""  # only other fields: no body at all
+    assert body_of("r.jsonl#body-only") == "just a body"
+    assert body_of("r.jsonl#number") == "a year is a title too"
+    assert body_of("r.jsonl#echo") == "Echo\nthe body repeats the title"  # the title taken once
+    assert body_of("p.csv#c1") == "A city."
+    # a Markdown passage after its title, cut to a quarter of the room (8 words) or whole
+    passages = [d for d in docs if d.source == "long.md"]
+    assert len(passages) > 1 and all(d.payload["title"] == title for d in passages)
+    lead = " ".join(title.split()[:8])
+    for d in passages:
+        got = document_body(d.text, d.source, d.payload, None)
+        assert d.text == f"{lead}\n{got}" and got.split()[0].startswith("w")
+    # a first passage holding its heading has no title before it: its text is its body
+    assert document_body(by_id["short.md#0"].text, "short.md", {"title": "Short title"}, None) is None
+    assert by_id["short.md#0"].text.startswith("# Short title")
+    assert body_of("plain.txt#0") is None  # nothing joined: the whole text
+    # fields in another order, the body between two others
+    fields = ("description", "text", "title")
+    (tmp_path / "r.jsonl").write_text(json.dumps(records[0]) + "\n")
+    (tmp_path / "p.csv").unlink()
+    docs, _ = read(tmp_path, embed_fields=fields)
+    by_id = {d.id: d for d in docs}
+    assert by_id["r.jsonl#full"].text == "Teaser\nall about\nfoxes\nFox facts"
+    assert body_of("r.jsonl#full", fields) == "all about\nfoxes"
+    # not the join of the fields given (read with others, stored by the API...): whole text
+    assert body_of("r.jsonl#full") is None
+    assert body_of("r.jsonl#full", ("title", "description")) is None  # no body among them
+    assert body_of("r.jsonl#full", ()) is None and body_of("r.jsonl#full", None) is None
+    assert document_body("Fox facts\nall about foxes", "notes", {"title": "Fox facts"}, DEFAULT_EMBED_FIELDS) is None
+    assert document_body("Fox facts\nall about foxes", "a.md", {"title": ["Fox facts"]}, None) is None

@@ -713,3 +713,83 @@ def test_field_reranker_reads_a_one_field_candidate_from_the_store() -> None:
     got = FieldAttentionReranker().rerank([q], [cands], RerankContext(enc, store, lambda *a: np.zeros(0)))[0]
     assert sorted(enc.asked) == ["Fox facts", "all about water"]  # not the one-field candidate
     assert {h.record.id: h.score for h in got}["d0"] == pytest.approx(float(enc.table["a body about foxes"] @ q.vector))
+
+
+class ManifestStore:
+    """A store's manifest and stored vectors, as the field reranker reads them."""
+
+    def __init__(self, embed_fields: Sequence[str] | None, table: dict[str, np.ndarray]) -> None:
+        self.corpus = {"chunk_tokens": 200, "embed_fields": list(embed_fields)} if embed_fields is not None else None
+        self.table = table
+
+    def manifest_value(self, key: str, default: Any = None) -> Any:
+        return self.corpus if key == "corpus" and self.corpus is not None else default
+
+    def vectors_found(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return {i: self.table[i] for i in ids if i in self.table}
+
+
+def test_field_reranker_reads_a_records_body_apart_from_its_title() -> None:
+    """A JSONL/CSV record's text is its title, description and text joined (the first stage's
+    view), a Markdown passage's its title and the passage: read as the ``text`` field, the title
+    counted twice, and a trained head (which learned each field apart) read other inputs than
+    it learned. The body is read alone, as the index's manifest says the fields were joined."""
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker, field_attention
+
+    enc = DictEncoder({**TABLE, "Fox facts\nall about water": [0.7, 0.7], "Fox facts\na body about foxes": [1, 0.1]})
+    cands = [StoreHit(Record("r.jsonl#1", "Fox facts\nall about water", "r.jsonl", 1, "en",
+                             {"id": 1, "title": "Fox facts"}), 0.9),
+             StoreHit(Record("r.jsonl#2", "Dogs", "r.jsonl", 2, "en", {"id": 2, "title": "Dogs"}), 0.8),
+             StoreHit(Record("a.md#0", "Fox facts\na body about foxes", "a.md", 0, "en", {"title": "Fox facts"}), 0.7)]
+    store = ManifestStore(["title", "description", "text"], {"r.jsonl#2": enc.table["Dogs"]})
+    q = Query("fox", "en", np.array([1.0, 0.0], np.float32))
+    reranker = FieldAttentionReranker()
+    got = reranker.rerank([q], [cands], RerankContext(enc, store, lambda *a: np.zeros(0)))[0]
+    # the title-only record is its title alone: its stored vector, nothing encoded for it
+    assert sorted(enc.asked) == ["Fox facts", "a body about foxes", "all about water"]
+    t = enc.table
+    want = {"r.jsonl#1": field_attention(q.vector, np.stack([t["Fox facts"], t["all about water"]])).score,
+            "r.jsonl#2": float(t["Dogs"] @ q.vector),
+            "a.md#0": field_attention(q.vector, np.stack([t["Fox facts"], t["a body about foxes"]])).score}
+    assert {h.record.id: h.score for h in got} == pytest.approx(want, abs=1e-6)
+    assert reranker.field_texts(cands[0].record, ["title", "text"]) == ["Fox facts", "all about water"]
+    assert reranker.field_texts(cands[1].record, ["title", "text"]) == ["Dogs"]
+    # a manifest that does not say how records were joined (or other fields): the whole text,
+    # as before; a Markdown passage needs no manifest
+    for other in (ManifestStore(None, {}), None, ManifestStore(["description", "text"], {})):
+        enc.asked.clear()
+        FieldAttentionReranker().rerank([q], [cands], RerankContext(enc, other, lambda *a: np.zeros(0)))
+        assert sorted(enc.asked) == ["Dogs", "Fox facts", "Fox facts\nall about water", "a body about foxes"]
+
+
+def test_field_reranker_reads_the_bodies_of_an_index(tiny_model: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: the fields an index joined are read from its manifest, its own or set."""
+    import vecplug
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "r.jsonl").write_text(json.dumps({"id": "w", "title": "wasser kocht", "description": "hundert grad",
+                                              "text": "water boils at one hundred degrees"}) + "\n")
+    (docs / "f.md").write_text("---\ntitle: der schnelle braune fuchs\n---\nthe quick brown fox jumps\n")
+    asked: list[str] = []
+    embed = FieldAttentionReranker._embed
+
+    def spy(self: FieldAttentionReranker, texts: Sequence[str], encoder: Any) -> dict[str, np.ndarray]:
+        asked.extend(texts)
+        return embed(self, texts, encoder)
+
+    monkeypatch.setattr(FieldAttentionReranker, "_embed", spy)
+    for fields, joined in (([], "wasser kocht\nhundert grad\n"), (["text", "title"], "")):
+        settings = vecplug.load_settings(overrides={
+            "index": {"path": str(tmp_path / f"idx{len(fields)}")}, "model": {"document": str(tiny_model)},
+            "corpus": {"embed_fields": fields or None}})
+        with vecplug.create_index(docs, settings=settings) as index:
+            asked.clear()
+            hits = index.search("boiling water", rerank="fields", lang="en").hits
+            assert {h.id for h in hits} == {"r.jsonl#w", "f.md#0"}
+            assert next(h.text for h in hits if h.id == "r.jsonl#w").startswith(joined + "water boils")
+            # each field apart (the description too, kept as payload when it is not embedded)
+            assert set(asked) == {"wasser kocht", "hundert grad", "water boils at one hundred degrees",
+                                  "der schnelle braune fuchs", "the quick brown fox jumps"}

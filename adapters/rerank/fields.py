@@ -30,6 +30,7 @@ from vecplug.adapters.rerank import order_by_scores
 from vecplug.adapters.rerank.base import Query, Reranker, RerankContext
 from vecplug.adapters.stores.base import Record, StoreHit
 from vecplug.errors import ConfigError, ModelError, ModelMismatchError
+from vecplug.indexer.corpus import document_body
 
 DEFAULT_FIELDS = ("title", "description", "text")
 #: field vectors kept per reranker; at 384 float32 dimensions 20,000 vectors take ~30 MB
@@ -95,7 +96,7 @@ def load_head(path: str | Path) -> np.ndarray:
 class FieldAttentionReranker(Reranker):
     """Rescores candidates by attention of the query over their fields.
 
-    ``fields``: the fields to read, in order; ``"text"`` is the record's text, any other name
+    ``fields``: the fields to read, in order; ``"text"`` is the record's body, any other name
     a payload key (title, description, url...); absent or empty fields are skipped, and a
     candidate with none of them is scored on its text alone. ``scale``: the attention's
     inverse temperature (cosines are small, so a large scale is needed for the weights to
@@ -105,8 +106,12 @@ class FieldAttentionReranker(Reranker):
     kept between calls (least recently used dropped first), so a document that comes back
     for another query is not embedded again.
 
-    Note: for JSONL/CSV records vecplug stores the appended fields as the record's text, so
-    ``"text"`` is that whole text (the first stage's view) rather than the body alone.
+    The body is the record's text without what the index joined to it from its other fields
+    (:func:`~vecplug.indexer.corpus.document_body`): a JSONL/CSV record's text field alone, not
+    its title and description before it (the index's ``embed_fields``, from its manifest); a
+    Markdown passage without the title before it. A head is trained on fields apart, and the
+    joined text counted the title and description twice. Where that cannot be told (no store,
+    a document stored otherwise), ``"text"`` is the whole text.
     """
 
     name: ClassVar[str] = "fields"
@@ -148,12 +153,13 @@ class FieldAttentionReranker(Reranker):
     def warm_up(self, context: RerankContext) -> None:
         context.encoder.document  # loads the document encoder (a lazy property)
 
-    def field_texts(self, record: Record) -> list[str]:
+    def field_texts(self, record: Record, embed_fields: Sequence[str] | None = None) -> list[str]:
         """The candidate's present, non-empty fields as texts, in ``fields`` order; its text
-        when it has none."""
+        when it has none. ``embed_fields``: the fields the index joined into a record's text
+        (None: unknown, a record's ``"text"`` is then its whole text)."""
         texts = []
         for name in self.fields:
-            value = record.text if name == "text" else record.payload.get(name)
+            value = _body(record, embed_fields) if name == "text" else record.payload.get(name)
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 continue  # lists, mappings, flags: nothing to read
             value = str(value).strip()
@@ -199,9 +205,11 @@ class FieldAttentionReranker(Reranker):
         if len(queries) != len(candidates):
             raise ValueError(f"{len(queries)} queries but {len(candidates)} candidate lists")
         self._check_encoder(context.encoder)
-        per_hit = [[self.field_texts(h.record) for h in cands] for cands in candidates]
-        # a candidate read through its text alone (one field) has that vector stored: it was
-        # encoded the same way, and encoding it again cost ~240 ms a query for nothing
+        embed_fields = _embed_fields(context.store) if "text" in self.fields else None
+        per_hit = [[self.field_texts(h.record, embed_fields) for h in cands] for cands in candidates]
+        # a candidate read through its whole text alone (one field) has that vector stored: it
+        # was encoded the same way, and encoding it again cost ~240 ms a query for nothing (a
+        # body without the fields joined to it is another text: encoded)
         pairs = [(h, texts) for cands, hits in zip(candidates, per_hit) for h, texts in zip(cands, hits)]
         stored = self._stored([h for h, texts in pairs if texts == [h.record.text]], context)
         # one encoder call for every other field text of every query not already cached
@@ -248,6 +256,25 @@ class FieldAttentionReranker(Reranker):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "fields": list(self.fields), "scale": self.scale,
                 "head": self.head, "checksum": self.head_checksum}
+
+
+def _body(record: Record, embed_fields: Sequence[str] | None) -> str:
+    """A record's ``"text"`` field: its body, else its whole text."""
+    body = document_body(record.text, record.source, record.payload, embed_fields)
+    return record.text if body is None else body
+
+
+def _embed_fields(store: Any) -> tuple[str, ...] | None:
+    """The fields the index joined into its records' texts, as its manifest records them; None
+    without a store that says. They are the last run's: a record an earlier run read with other
+    fields is seldom a join of these (it is then read whole), and when it is one (these fields
+    were among the old ones), only these are taken out of it."""
+    read = getattr(store, "manifest_value", None)
+    corpus = read("corpus") if callable(read) else None
+    fields = corpus.get("embed_fields") if isinstance(corpus, dict) else None
+    if isinstance(fields, (list, tuple)) and all(isinstance(f, str) for f in fields):
+        return tuple(fields)
+    return None
 
 
 def _head_settings(path: str) -> dict[str, Any]:
