@@ -502,6 +502,38 @@ def test_field_reranker_scores_in_the_corrected_geometry() -> None:
     assert got[0].score == pytest.approx(want.score, abs=1e-6)
 
 
+def test_a_trained_heads_weights_come_from_the_vectors_it_was_trained_on(tmp_path: Path) -> None:
+    """With the correction on, the score is in the corrected geometry, but a trained head's
+    weights come from the raw vectors: it learned them on raw vectors (its data has no
+    languages), and centring moves its logits by a term of the query language's mean. The
+    untrained attention has no such geometry and weighs the centred vectors."""
+    from vecplug.adapters.bias import LanguageMeans
+    from vecplug.adapters.rerank.fields import FieldAttentionReranker, field_attention
+    from vecplug.indexer.field_head import save_head
+
+    # dimensions: topic a, topic b, language (en +, de -); raw and centred, the query's
+    # attention picks other fields
+    enc = DictEncoder({"Titel": [0.6, 0.0, -0.8], "Text": [0.8, 0.0, 0.6]})
+    cands = hits(["Titel\nText"], payloads=[{"title": "Titel", "description": "Text"}], langs=["de"])
+    means = LanguageMeans({"en": np.array([0, 0, 1], np.float32), "de": np.array([0, 0, -1], np.float32)},
+                          np.zeros(3, np.float32))
+    q = Query("topic a", "en", (np.array([1.0, 0.0, 1.0]) / 2 ** 0.5).astype(np.float32))
+    context = RerankContext(enc, None, lambda *a: np.zeros(0), means)
+    raw = np.stack([enc.table["Titel"], enc.table["Text"]])
+    centred, centred_q = means.centre(raw, ["de", "de"]), means.centre_query(q.vector, "en")
+
+    head = tmp_path / "head.safetensors"
+    save_head(head, np.eye(3, dtype=np.float32), {"config": {"scale": 5.0}, "fields": ["title", "description"]})
+    trained = FieldAttentionReranker(head=str(head)).rerank([q], [cands], context)[0]
+    want = field_attention(centred_q, centred, 5.0, np.eye(3), attend=(q.vector, raw))
+    assert want.weights[1] > 0.9  # the raw vectors' choice
+    assert trained[0].score == pytest.approx(want.score, abs=1e-6)
+
+    untrained = FieldAttentionReranker(fields=["title", "description"], scale=5.0).rerank([q], [cands], context)[0]
+    own = field_attention(centred_q, centred, 5.0)
+    assert own.weights[0] > 0.9 and untrained[0].score == pytest.approx(own.score, abs=1e-6)
+
+
 def test_field_reranker_takes_a_heads_training_settings(tmp_path: Path) -> None:
     """A head records the fields and scale it was trained with, and its document encoder: the
     reranker ran with scale 20 and the default fields whatever the head was trained with, and

@@ -13,7 +13,8 @@ reranker embeds each field on its own and lets the query choose among them:
 matrix ``"W"``; its norm also plays the part of ``scale``, so a trained head may keep the
 default scale). :func:`field_attention` is the whole of the math, pure, for tests and for
 training a head. With the index's language-bias correction on, the query and the field
-vectors are centred by their languages' means first, as the first stage scores them.
+vectors are centred by their languages' means first, as the first stage scores them; a
+trained head's weights ``w`` still come from the raw vectors, the ones it was trained on.
 """
 from __future__ import annotations
 
@@ -49,18 +50,26 @@ class FieldScore(NamedTuple):
 
 
 def field_attention(query: np.ndarray, fields: np.ndarray, scale: float = 20.0,
-                    weight: np.ndarray | None = None) -> FieldScore:
+                    weight: np.ndarray | None = None,
+                    attend: tuple[np.ndarray, np.ndarray] | None = None) -> FieldScore:
     """Attention of ``query`` (d,) over a candidate's ``fields`` (n, d), n >= 1.
 
-    ``weight`` is ``W`` (d, d); None means the identity. Computed in float64 so that the
-    result is the same whatever order the fields come in, up to rounding.
+    ``weight`` is ``W`` (d, d); None means the identity. ``attend``: the query and fields
+    the weights are computed from, when they are other vectors than the ones scored (the
+    raw vectors a head was trained on, where the score is in the corrected geometry); by
+    default ``query`` and ``fields``. Computed in float64 so that the result is the same
+    whatever order the fields come in, up to rounding.
     """
     q = np.asarray(query, dtype=np.float64).reshape(-1)
     f = np.asarray(fields, dtype=np.float64)
     if f.ndim != 2 or f.shape[0] == 0 or f.shape[1] != q.shape[0]:
         raise ValueError(f"fields must be (n >= 1, {q.shape[0]}), got {f.shape}")
-    qw = q if weight is None else q @ np.asarray(weight, dtype=np.float64)  # q^T W, so a_i = q^T W f_i
-    logits = scale * (f @ qw)
+    aq, af = (q, f) if attend is None else (np.asarray(attend[0], dtype=np.float64).reshape(-1),
+                                            np.asarray(attend[1], dtype=np.float64))
+    if af.shape != f.shape or aq.shape != q.shape:
+        raise ValueError(f"attend must be shaped as the query {q.shape} and fields {f.shape}")
+    qw = aq if weight is None else aq @ np.asarray(weight, dtype=np.float64)  # q^T W, so a_i = q^T W f_i
+    logits = scale * (af @ qw)
     logits -= logits.max()  # softmax is shift-invariant; this keeps exp() from overflowing
     w = np.exp(logits)
     w /= w.sum()
@@ -221,15 +230,20 @@ class FieldAttentionReranker(Reranker):
                 raise ModelMismatchError(f"field head {self.head} is {self.weight.shape[0]}-dimensional, "
                                          f"the index's vectors are {qv.shape[0]}-dimensional")
             means = context.means
-            if means is not None:  # the corrected geometry, as the first stage scored them
-                qv = means.centre_query(qv, q.lang)
+            centred_q = means.centre_query(qv, q.lang) if means is not None else None
             scores = []
             for hit, texts in zip(cands, hits):
                 fields = (stored[hit.record.id][None, :] if hit.record.id in stored
                           else np.stack([vectors[t] for t in texts]))
-                if means is not None:
-                    fields = means.centre(fields, [hit.record.lang] * len(texts))
-                scores.append(field_attention(qv, fields, self.scale, self.weight).score)
+                if means is None:
+                    scores.append(field_attention(qv, fields, self.scale, self.weight).score)
+                    continue
+                # scored in the corrected geometry, as the first stage scored them. A trained
+                # head weighs the raw vectors it learned on (its data has no languages: the
+                # centred logits differ by a term of the query language's mean it never saw)
+                centred = means.centre(fields, [hit.record.lang] * len(texts))
+                attend = (qv, fields) if self.weight is not None else None
+                scores.append(field_attention(centred_q, centred, self.scale, self.weight, attend).score)
             out.append(order_by_scores(cands, scores))
         return out
 
