@@ -267,6 +267,34 @@ def test_a_folder_around_the_first_becomes_the_first(tmp_path: Path, tiny_model:
         assert sorted(index.store.ids()) == ["m.txt#0", "n.txt#0"]
 
 
+def test_an_index_that_did_not_record_its_first_source(tmp_path: Path, tiny_model: Path) -> None:
+    """Indexes of early vecplug versions record no first folder (source_root) or not whether
+    it was a file (source_kind). Their folder indexed again was taken for another one: every
+    document was encoded again under an absolute id beside its old copy, kept for good; a
+    first file's folder renamed the documents under the file's path."""
+    docs = _files(tmp_path / "docs", {"a.txt": "the quick brown fox jumps", "sub/b.txt": "water boils",
+                                      "r.jsonl": '{"id": "x", "text": "a record"}\n'})
+    settings = _settings_at(tmp_path / "idx", tiny_model)
+    with vecplug.create_index(docs, settings=settings):
+        pass
+    with vecplug.open_index(settings=settings, writable=True) as index:
+        index.store.commit({"source_root": None, "source_kind": None})  # as an early version left it
+    (docs / "a.txt").write_text("the quick brown fox jumps over the lazy dog")  # changed since
+    with vecplug.create_index(docs, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (1, 2, 0)
+        assert sorted(index.store.ids()) == ["a.txt#0", "r.jsonl#x", "sub/b.txt#0"]
+        assert index.manifest["source_root"] == str(docs.resolve())
+    # a first file, its kind not recorded: its folder makes its documents the folder's
+    one = _settings_at(tmp_path / "idx1", tiny_model)
+    with vecplug.create_index(docs / "r.jsonl", settings=one):
+        pass
+    with vecplug.open_index(settings=one, writable=True) as index:
+        index.store.commit({"source_kind": None})
+    with vecplug.create_index(docs, settings=one) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (2, 1, 0)
+        assert sorted(index.store.ids()) == ["a.txt#0", "r.jsonl#x", "sub/b.txt#0"]
+
+
 def test_a_part_or_a_copy_of_the_first_folder_never_prunes_the_rest(tmp_path: Path, tiny_model: Path) -> None:
     """One file or subfolder of the first folder given alone updates its own documents there
     (not a second copy under its absolute path); a copy of the folder beside it is another

@@ -85,6 +85,18 @@ RELOCATION_SAMPLE = 16
 RELOCATION_SCAN = 1024
 
 
+def _source_kind(built_from: str | None) -> str:
+    """What an index's first source was, for an index made before it was recorded: a file
+    when it is one (or, gone, was named as one), else a folder."""
+    if built_from is None:
+        return "folder"
+    from vecplug.indexer.corpus import SUFFIXES
+
+    if os.path.isdir(built_from):
+        return "folder"
+    return "file" if os.path.isfile(built_from) or built_from.lower().endswith(SUFFIXES) else "folder"
+
+
 def _query_lang(value: str | None, i: int, count: int) -> str | None:
     """A query's given language as the index keeps codes; refused with its query named."""
     try:
@@ -403,7 +415,7 @@ class Index:
             chunk_tokens=cut["chunk_tokens"], chunk_overlap=cut["chunk_overlap"], embed_fields=cut["embed_fields"],
             max_file_bytes=c.max_file_mb * 1024 * 1024, room=room))
         built_from = self.store.manifest_value("source_root")
-        built_kind = self.store.manifest_value("source_kind", "folder")
+        built_kind = self.store.manifest_value("source_kind") or _source_kind(built_from)
         manifest: dict[str, Any] = {"corpus": {**cut, "embed_fields": list(cut["embed_fields"])}}
         documents: Iterable[Document] = reader.documents()
         if not (lang or c.lang):
@@ -412,6 +424,14 @@ class Index:
             documents = one_language_per_file(documents, self.detector.detect)
         kind = "folder" if root.is_dir() else "file"
         first = built_from == source_root or (built_from is None and self.store.count() == 0)
+        if built_from is None and not first:
+            # an index of a vecplug that did not record its first folder: its documents have
+            # their ids relative to it. This folder is that one when it names some of them so
+            # (their texts may have changed since); named by absolute path, every document
+            # would be encoded again beside the old ones, and those kept for good
+            rest = iter(documents)
+            first, head = self._moved_here(rest, same_text=False)
+            documents = chain(head, rest)
         if (not first and built_from is not None and not os.path.lexists(built_from)
                 and kind == built_kind):
             # the first folder moved (renamed, mounted elsewhere): its documents are here under
@@ -511,12 +531,13 @@ class Index:
                                for r in records], vectors)
             self.store.delete([r.id for r in records])
 
-    def _moved_here(self, documents: Iterator[Document]) -> tuple[bool, list[Document]]:
+    def _moved_here(self, documents: Iterator[Document], same_text: bool = True) -> tuple[bool, list[Document]]:
         """Whether a folder's documents are the first folder's, moved: of the first documents
         the index holds by their relative ids (up to RELOCATION_SAMPLE of them, among at most
-        RELOCATION_SCAN read), at least half have the same text. Documents the index does not
-        hold yet (files added since, sorting first) say nothing either way. Returns the
-        verdict and the documents read, to be indexed as well."""
+        RELOCATION_SCAN read), at least half have the same text (``same_text=False``: the
+        index holds any of them). Documents the index does not hold yet (files added since,
+        sorting first) say nothing either way. Returns the verdict and the documents read, to
+        be indexed as well."""
         from itertools import islice
 
         head: list[Document] = []
@@ -530,6 +551,8 @@ class Index:
                     same += stored[d.id].text == d.text
             if held >= RELOCATION_SAMPLE or len(head) >= RELOCATION_SCAN:
                 break
+        if not same_text:
+            return held > 0, head
         return same > 0 and 2 * same >= held, head
 
     # -- reading -----------------------------------------------------------
