@@ -334,6 +334,54 @@ def test_hnswlib_uncommitted_changes_are_dropped(tmp_path: Path) -> None:
         store.close()
 
 
+def test_hnswlib_indexes_of_the_first_day_are_read(tmp_path: Path) -> None:
+    """Indexes of vecplug's first day: rows without checksums (no crc column: a reader failed
+    in every search, "no such column"; only a writer migrates it) and a commit record with the
+    BLAKE2b checksum of then (called damaged). Both are read, verified, and written on."""
+    import hashlib
+    import json
+    import sqlite3
+
+    cls = get_store_class("hnswlib")
+    location = str(tmp_path / "idx")
+    store = cls.create(location, DIM, {"dim": DIM}, {})
+    store.upsert(records(10), unit_vectors(10, DIM))
+    store.commit()
+    store.close()
+    db = sqlite3.connect(tmp_path / "idx" / "records.sqlite")
+    with db:
+        db.execute("ALTER TABLE records DROP COLUMN crc")
+        meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+        body = {k: v for k, v in meta.items() if k != "checksum"}
+        old = hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
+        db.execute("UPDATE meta SET value = ? WHERE key = 'checksum'", (json.dumps(old),))
+    db.close()
+    reader = cls.open(location, {})
+    try:
+        hits = reader.search(unit_vectors(10, DIM)[3], 2)
+        assert hits[0].record.id == records(10)[3].id and hits[0].record.payload["title"] == "T3"
+        assert reader.verify() == []
+    finally:
+        reader.close()
+    writer = cls.open(location, {}, writable=True)  # migrates, and re-stamps at its commit
+    writer.delete([records(1)[0].id])
+    writer.commit()
+    writer.close()
+    reader = cls.open(location, {})
+    try:
+        assert reader.count() == 9
+    finally:
+        reader.close()
+    damaged = sqlite3.connect(tmp_path / "idx" / "records.sqlite")
+    with damaged:
+        damaged.execute("UPDATE meta SET value = ? WHERE key = 'checksum'", (json.dumps("0" * 32),))
+    damaged.close()
+    from vecplug.errors import CorruptIndexError
+
+    with pytest.raises(CorruptIndexError, match="fails its checksum"):
+        cls.open(location, {})
+
+
 def test_hnswlib_one_writer(tmp_path: Path) -> None:
     from vecplug.errors import VecplugError
 

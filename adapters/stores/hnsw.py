@@ -192,6 +192,21 @@ def _file_stats(folder: Path, names: Sequence[str]) -> dict[str, list[int] | Non
     return out
 
 
+def _first_day_checksum(meta: dict[str, Any]) -> bool:
+    """Whether the commit record carries the checksum of vecplug's first day (BLAKE2b-128 of
+    its ASCII JSON, 2026-11-22): an intact index of then, which the next commit re-stamps
+    with SHA-256, not a damaged one."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    digest = hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
+    return meta["checksum"] == digest
+
+
+def _crc_column(db: sqlite3.Connection) -> str:
+    """The records' checksum column; NULL (nothing to check) in an index made before row
+    checksums, which a writer migrates but a reader reads as it is."""
+    return "crc" if any(row[1] == "crc" for row in db.execute("PRAGMA table_info(records)")) else "NULL"
+
+
 def _database_stats(folder: Path) -> dict[str, list[int] | None]:
     """The database and its write-ahead log as an immutable reader compares them: a change
     means a commit landed (see HnswStore._frozen)."""
@@ -213,6 +228,8 @@ class HnswStore(VectorStore):
         self._lock = lock
         self._options = {**HNSW_DEFAULTS, **commit_meta["manifest"].get("store", {}), **options}
         self._next_label = int(commit_meta["next_label"])
+        # the checksum column as the connection _crc was read on has it (_crc_of_db)
+        self._crc, self._crc_db = "crc", None
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
         self._broken = False  # a commit failed: no more writes through this handle
@@ -422,7 +439,7 @@ class HnswStore(VectorStore):
             meta.update({key: json.loads(value) for key, value in rows.items()})
         except ValueError as exc:
             raise CorruptIndexError(f"{path}: damaged commit record: {exc}") from exc
-        if "checksum" in meta and meta["checksum"] != json_checksum(meta):
+        if "checksum" in meta and meta["checksum"] != json_checksum(meta) and not _first_day_checksum(meta):
             raise CorruptIndexError(f"{path}: the commit record fails its checksum: the index is damaged")
         if not isinstance(meta.get("manifest"), dict) or not isinstance(meta.get("next_label"), int):
             raise CorruptIndexError(f"{path}: malformed commit record")
@@ -465,7 +482,7 @@ class HnswStore(VectorStore):
             elif problem := check_graph_file(path, int(meta["manifest"]["dim"])):
                 problems.append(problem)
         if rows and not problems:
-            for row in db.execute(f"SELECT {_COLUMNS}, crc FROM records"):
+            for row in db.execute(f"SELECT {_COLUMNS}, {_crc_column(db)} FROM records"):
                 if row[7] is not None and row[7] != _row_crc(*row[:7]):
                     problems.append(f"{DB_NAME}: record {row[1]!r} fails its checksum")
         return problems
@@ -561,9 +578,17 @@ class HnswStore(VectorStore):
                                    "write) read it: try again") from exc
             raise error from exc
 
+    def _crc_of_db(self) -> str:
+        """:func:`_crc_column` of the current connection, kept until the store reopens."""
+        db = self._db
+        crc = _crc_column(db) if db is not None else "crc"
+        self._crc, self._crc_db = crc, db
+        return crc
+
     def _records(self, where: str, args: Sequence[Any]) -> list[tuple[int, Record]]:
         out = []
-        for r in self._sql(f"SELECT {_COLUMNS}, crc FROM records WHERE {where}", args):
+        crc = self._crc if self._crc_db is self._db else self._crc_of_db()
+        for r in self._sql(f"SELECT {_COLUMNS}, {crc} FROM records WHERE {where}", args):
             if r[7] is not None and r[7] != _row_crc(*r[:7]):
                 raise CorruptIndexError(f"{self.folder / DB_NAME}: record {r[1]!r} fails its "
                                         "checksum: the index is damaged")
