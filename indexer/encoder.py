@@ -521,6 +521,11 @@ class Encoder:
         """Queries and documents run through one loaded model (same weights, same quantisation)."""
         return self.query_info is self.document_info and self.query_quantize == self.document_quantize
 
+    def document_limit(self) -> int:
+        """Tokens a document is cut at: ``document_max_length``, or the model's own maximum
+        when that is smaller (an index recorded before lengths were checked against it)."""
+        return min(self.document_max_length, max_tokens(self.document_info))
+
     def document_room(self) -> int:
         """Tokens of a document's own text the document encoder keeps: its maximum length less
         the prefix's tokens and the special tokens (``<s>``, ``</s>``); the most a passage may
@@ -528,8 +533,7 @@ class Encoder:
         info = self.document_info
         shared = shared_tokenizer(info.tokenizer_path, (info.teacher or info).checksum)
         prefix = shared(self.document_prefix, add_special_tokens=False)["input_ids"] if self.document_prefix else []
-        return (min(self.document_max_length, max_tokens(info))
-                - shared.tokenizer.num_special_tokens_to_add(pair=False) - len(prefix))
+        return self.document_limit() - shared.tokenizer.num_special_tokens_to_add(pair=False) - len(prefix)
 
     def encode_documents(self, texts: Sequence[str], progress: bool | None = None) -> np.ndarray:
         """(n, dim) float32 unit vectors of ``texts`` (a list of strings), as documents.

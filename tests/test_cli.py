@@ -414,6 +414,15 @@ def test_records_longer_than_the_encoder_keeps_are_counted(tmp_path: Path, tiny_
     out = run("index", str(root), "--model", str(tiny_model), "--lang", "en", "-q")
     assert ("note: 1 document is longer than the document encoder keeps (128 tokens): only the beginning is "
             "embedded") in out and "this index's passages" not in out
+    # an index that recorded more than its model takes (before lengths were checked) names
+    # the length its texts are cut at, not the recorded one
+    import vecplug
+
+    with vecplug.open_index(".vecplug", writable=True) as index:
+        index.store.commit({"document_max_length": 256})
+    (root / "r.jsonl").write_text(json.dumps({"id": "long2", "text": long}) + "\n")
+    out = run("index", str(root), "--lang", "en", "-q")
+    assert "note: 1 document is longer than the document encoder keeps (128 tokens)" in out
 
 
 def test_settings_of_a_new_index_are_not_ignored_silently(corpus: Path, tiny_model: Path, tiny_student: Path) -> None:

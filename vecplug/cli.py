@@ -104,7 +104,9 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
         report = index.index_path(path, progress=not quiet)
         total = index.store.count()
         built = index.manifest
-        room = index.encoder.document_room() if report.cut else None
+        # the length texts were cut at (an index recorded before lengths were checked may say more)
+        room, limit = ((index.encoder.document_room(), index.encoder.document_limit()) if report.cut
+                       else (None, None))
         # settings of a new index only: on an existing one they would be ignored without a word
         if debias is not None and built.get("debias") != debias:
             click.echo(f"note: --{'' if debias else 'no-'}debias sets a new index's default; this one searches "
@@ -124,7 +126,7 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
     if langs:
         click.echo(f"languages: {langs}")
     if report.cut:
-        limit, cut = built.get("document_max_length"), report.cut
+        cut = report.cut
         passages = (built.get("corpus") or {}).get("chunk_tokens")
         click.echo(f"note: {cut} document{'s are' if cut != 1 else ' is'} longer than the document encoder "
                    f"keeps ({limit} tokens): only the beginning is embedded. Records (.jsonl, .csv) are not "
