@@ -3,16 +3,19 @@
 A batch is committed every ``commit_every`` documents (less often once commits get slow: see
 :data:`COMMIT_TIME_SHARE`, up to :data:`MAX_UNCOMMITTED`), so an interrupted run keeps what it
 finished; re-running skips documents whose text is already in the index unchanged, and with
-``prune`` removes the documents the source no longer has. A run that changes nothing writes nothing.
+``prune`` removes the documents the source no longer has (and finds records named by their line
+at their new lines: :class:`_Lines`). A run that changes nothing writes nothing.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import numbers
 import os
+import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,6 +49,8 @@ class IndexReport:
 
     files: int = 0
     documents: int = 0
+    #: documents already indexed, not encoded: at their id, or (records named by their line)
+    #: found at an old line and stored under their new one with its vector
     unchanged: int = 0
     removed: int = 0
     tokens: int = 0
@@ -93,6 +98,15 @@ MAX_UNCOMMITTED = 100_000
 #: records read at a time when looking for the ones to remove
 PRUNE_BATCH = 10_000
 
+#: A record named by its line (no id: ``path#L7``) that lines added or removed above it moved
+#: is looked for this many lines around its new line, and takes the vector stored under its old
+#: one instead of being encoded again. The records read around each new or edited record, and
+#: the vectors held after their lines are overwritten, are about twice this many per file.
+MOVE_WINDOW = 1000
+#: line ids read at a time when looking for moved records; a read past the end of what the
+#: index holds of a file that finds none ends the looking there
+LINE_PROBE = 250
+
 
 def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         make_record: Callable[[Document], Any], detect: Callable[[str], str] | None,
@@ -115,6 +129,10 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     so the next run starts from there; in the middle of a batch's writes, it commits nothing
     and calls ``on_torn`` (the writes staged through the store are half done).
 
+    A pruning run also finds the records named by their line (``path#L7``: no id) that lines
+    added or removed above them moved: each takes the vector stored under its old line instead
+    of being encoded again, and counts as unchanged (:class:`_Lines`).
+
     ``stats`` (a :class:`vecplug.adapters.bias.LanguageStats` or anything with
     ``add(langs, vectors, sign)`` and ``to_manifest()``) is kept in step with what is
     written: replaced documents' old vectors are subtracted and new ones added, and every
@@ -130,6 +148,8 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
     tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
     writer = _Writer(store, encoder, make_record, report, manifest, stats, commit_every)
+    if prune:  # the old lines of the records found at new ones are removed (or overwritten)
+        writer.lines = _Lines(store, writer.seen, owns, may_own)
     bar = tqdm(desc="indexing", unit="doc", disable=not progress)
     try:
         for batch in batched(_first_of_each_id(_storable(documents, report.problems), report.problems),
@@ -185,14 +205,22 @@ class _Writer:
     #: True from a batch's first write to its last, and during a commit: an interrupt there
     #: leaves the staged writes half done, so nothing is committed on the way out
     writing: bool = False
+    #: where records named by their line are looked for at their old lines (pruning runs)
+    lines: _Lines | None = None
 
     def add(self, batch: list[Document]) -> None:
         """Encode and stage the documents of ``batch`` that are new or changed."""
         existing = {r.id: r for r in self.store.get([d.id for d in batch])}
         todo = [d for d in batch if not _unchanged(existing.get(d.id), d)]
-        self.report.unchanged += len(batch) - len(todo)
         todo_ids = {d.id for d in todo}
-        self.seen.update(d.id for d in batch if d.id not in todo_ids)
+        kept = [d.id for d in batch if d.id not in todo_ids]
+        self.seen.update(kept)
+        found: dict[str, np.ndarray] = {}
+        if self.lines is not None:  # reads only: an interrupt here loses nothing
+            self.lines.begin(batch, kept)
+            found = self.lines.take(todo)
+            self.lines.hold([d.id for d in todo])  # before the writes below replace them
+        self.report.unchanged += len(batch) - len(todo) + len(found)
         # the same document at another line (lines above it added or removed): its record is
         # written again with its stored vector, not encoded again
         moved = [d for d in batch if d.id not in todo_ids and existing[d.id].position != d.position]
@@ -206,11 +234,7 @@ class _Writer:
             if moved:
                 self._pace()
             return
-        t0 = time.perf_counter()
-        cut_before = getattr(self.encoder, "documents_cut", 0)
-        vectors = self.encoder.encode_documents([d.text for d in todo], progress=False)
-        self.report.encode_seconds += time.perf_counter() - t0
-        self.report.cut += getattr(self.encoder, "documents_cut", 0) - cut_before
+        vectors = self._vectors(todo, found)
         ok = np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6)
         for d in (d for d, good in zip(todo, ok) if not good):
             self.report.problems.append(Problem(d.source, f"document {d.id} gave a non-finite or zero "
@@ -219,6 +243,8 @@ class _Writer:
         keep = [d for d, good in zip(todo, ok) if good]
         replaced = [existing[d.id] for d in keep if d.id in existing] if self.stats is not None else []
         old = self.store.vectors([r.id for r in replaced]) if replaced else None  # before they change
+        # the records found at their new lines are written with the encoded ones, in reading
+        # order: an interrupt in the encoder leaves none of the batch written
         self.writing = True
         self.store.upsert([self.make_record(d) for d in keep], vectors[ok])
         if self.stats is not None:  # after the writes: a refused upsert counts nothing
@@ -226,11 +252,28 @@ class _Writer:
                 self.stats.add([r.lang for r in replaced], old, -1)
             self.stats.add([d.lang for d in keep], vectors[ok])
         self.seen.update(d.id for d in keep)
-        self.report.documents += len(keep)
-        self.report.languages.update(d.lang or "und" for d in keep)
+        encoded = [d for d in keep if d.id not in found]
+        self.report.documents += len(encoded)
+        self.report.languages.update(d.lang or "und" for d in encoded)
         self.since_commit += len(keep)
         self._pace()
         self.writing = False
+
+    def _vectors(self, todo: list[Document], found: dict[str, np.ndarray]) -> np.ndarray:
+        """The vectors of ``todo``, in its order: those ``found`` at an old line, the others
+        encoded (the encoder's time and cut documents counted)."""
+        texts = [d.text for d in todo if d.id not in found]
+        if not texts:
+            return np.stack([found[d.id] for d in todo])
+        t0 = time.perf_counter()
+        cut_before = getattr(self.encoder, "documents_cut", 0)
+        vectors = self.encoder.encode_documents(texts, progress=False)
+        self.report.encode_seconds += time.perf_counter() - t0
+        self.report.cut += getattr(self.encoder, "documents_cut", 0) - cut_before
+        if not found:
+            return vectors
+        encoded = iter(vectors)
+        return np.stack([found[d.id] if d.id in found else next(encoded) for d in todo]).astype(np.float32)
 
     def _pace(self) -> None:
         """Commit every ``commit_every`` documents, less often when commits are slow (a large
@@ -249,6 +292,169 @@ class _Writer:
         self.store.commit(stamped(self.manifest, self.stats))
         self.since_commit = 0
         self.writing = writing
+
+
+@dataclass
+class _Around:
+    """The lines of one file around where the run is in it: the records named by their line
+    that the index holds there and no document of the run has taken, and the vectors of those
+    whose line the run has written over since."""
+
+    #: lines lo..hi were read (hi: sys.maxsize once a read found the file's old records ended)
+    lo: int
+    hi: int
+    records: dict[int, Any] = field(default_factory=dict)
+    #: the lines of each record (:func:`_same`): identical records share one entry
+    by_record: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
+    keys: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    held: dict[int, np.ndarray] = field(default_factory=dict)
+    #: the lines read, in order (reads only go forward): the first ones are the first left behind
+    order: deque[int] = field(default_factory=deque)
+
+    def add(self, record: Any) -> None:
+        line = record.position
+        self.records[line], self.keys[line] = record, _same(record)
+        self.by_record.setdefault(self.keys[line], []).append(line)
+        self.order.append(line)
+
+    def find(self, doc: Document) -> int | None:
+        """The first old line within MOVE_WINDOW of ``doc``'s holding its record, if any."""
+        return next((n for n in self.by_record.get(_same(doc), ())
+                     if n <= doc.position + MOVE_WINDOW and _unchanged(self.records[n], doc)), None)
+
+    def drop(self, line: int) -> None:
+        """Forget an old line: taken by a document, kept as it is, or left behind."""
+        if self.records.pop(line, None) is not None:
+            key = self.keys.pop(line)
+            lines = self.by_record[key]
+            lines.remove(line)  # mostly the first: lines are taken and left behind in order
+            if not lines:
+                del self.by_record[key]
+        self.held.pop(line, None)
+
+    def leave(self, lo: int) -> None:
+        """Forget the old lines before ``lo``: the documents further down do not look there."""
+        self.lo = lo
+        while self.order and self.order[0] < lo:
+            self.drop(self.order.popleft())
+
+
+@dataclass
+class _Lines:
+    """Records named by their line (``path#L7``: JSONL and CSV records without an id) found at
+    another line. Lines added or removed above a record change its id, not the record: the
+    document at its new line takes the vector stored under its old one instead of being encoded
+    again, when the record there is the same (text, language, payload and source, what
+    :func:`_unchanged` compares; the vector depends on the text alone, and an index's vectors
+    all come from its one document encoder). Each old line gives its vector once (identical
+    records: one each); the old id is then written over by the document now at that line, or
+    pruned with the run's last commit, as any id the source no longer has.
+
+    Records are looked for :data:`MOVE_WINDOW` lines around each new or edited document, read
+    ahead as the run goes down a file (a file's documents come together, in line order); an
+    old line that a write is about to replace has its vector read first and held until the
+    window has passed it. What is read and held stays bounded by the window, whatever the size
+    of the file or of the index (nothing lists the index), and the store is only read: each
+    record written is a document of this run with the vector of its own text, so a run stopped
+    anywhere leaves a sound index.
+    """
+
+    store: Sink
+    #: the run's ids: a line written or kept by this run is no longer an old line
+    seen: set[str]
+    owns: Callable[[Any], bool] | None = None
+    may_own: Callable[[str], bool] | None = None
+    files: dict[str, _Around] = field(default_factory=dict)
+
+    def begin(self, batch: Sequence[Document], kept: Iterable[str]) -> None:
+        """Forget the files the run is done with (a file's documents come together) and the
+        old lines the batch keeps as they are."""
+        sources = {d.source for d in batch}
+        for source in [s for s in self.files if s not in sources]:
+            del self.files[source]
+        for source, line in filter(None, map(_line_of, kept)):
+            if source in self.files:
+                self.files[source].drop(line)
+
+    def take(self, todo: Sequence[Document]) -> dict[str, np.ndarray]:
+        """The stored vectors of the documents of ``todo`` whose record is at an old line, by
+        id; those old lines are taken."""
+        taken: list[tuple[str, np.ndarray | None, str]] = []  # id, the old line's vector if held, its id
+        for doc in todo:
+            if not _by_line(doc):
+                continue
+            around = self._around(doc.source, doc.position)
+            line = around.find(doc)
+            if line is not None:
+                taken.append((doc.id, around.held.get(line), around.records[line].id))
+                around.drop(line)
+        unread = [old for _, vector, old in taken if vector is None]
+        read = dict(zip(unread, self.store.vectors(unread))) if unread else {}
+        return {rid: read[old] if vector is None else vector for rid, vector, old in taken}
+
+    def hold(self, ids: Iterable[str]) -> None:
+        """Read and keep the vectors of the old lines that writes of ``ids`` are about to
+        replace: a document further down may still find its record there."""
+        wanted: list[tuple[_Around, int, str]] = []
+        for rid in ids:
+            at = _line_of(rid)
+            around = self.files.get(at[0]) if at else None
+            if around is not None and at[1] in around.records and at[1] not in around.held:
+                wanted.append((around, at[1], rid))
+        if wanted:
+            for (around, line, _), vector in zip(wanted, self.store.vectors([rid for _, _, rid in wanted])):
+                around.held[line] = vector
+
+    def _around(self, source: str, line: int) -> _Around:
+        """The old lines of ``source`` within MOVE_WINDOW of ``line``, read as needed."""
+        lo, hi = max(1, line - MOVE_WINDOW), line + MOVE_WINDOW
+        around = self.files.get(source)
+        if around is None or lo > around.hi + 1:
+            # a file the run just reached, or a jump past lines that needed nothing
+            around = self.files[source] = _Around(lo, lo - 1)
+        if lo > around.lo:
+            around.leave(lo)
+        # only ever forward, past every line read before: no old line is read, and taken, twice
+        while around.hi < hi:  # LINE_PROBE lines at a time, not one more line per document
+            first, last = around.hi + 1, around.hi + LINE_PROBE
+            if not self._read(source, around, first, last):
+                around.hi = sys.maxsize  # past the end of the file's old records
+            else:
+                around.hi = last
+        return around
+
+    def _read(self, source: str, around: _Around, first: int, last: int) -> bool:
+        """Add the records at lines ``first``..``last`` that this run has neither written nor
+        kept and would prune; whether the index holds any of those lines."""
+        ids = [f"{source}#L{n}" for n in range(first, last + 1)]
+        fresh = [i for i in ids if i not in self.seen]
+        records = self.store.get(fresh) if fresh else []
+        for record in records:
+            mine = (self.may_own is None or self.may_own(record.id)) and (self.owns is None or self.owns(record))
+            if mine and _by_line(record) and record.source == source:
+                around.add(record)
+        return bool(records) or len(fresh) < len(ids)
+
+
+def _by_line(item: Any) -> bool:
+    """Whether a document or record is named by its line (``path#L7`` at line 7)."""
+    return item.id == f"{item.source}#L{item.position}"
+
+
+def _same(item: Any) -> tuple[str, str, str]:
+    """What :func:`_unchanged` compares of a document or record but its source, as a key:
+    records of one text that differ in their other fields (a CSV of product rows) are told
+    apart without comparing each. A payload a store gives back otherwise written (1.0 for 1)
+    only misses the record: it is encoded again."""
+    return item.text, item.lang or "und", json.dumps(item.payload, sort_keys=True, default=str)
+
+
+def _line_of(rid: str) -> tuple[str, int] | None:
+    """The source and line of an id that names a line (``path#L7``), else None."""
+    source, mark, line = rid.rpartition("#L")
+    if mark and line.isascii() and line.isdigit() and str(int(line)) == line:
+        return source, int(line)
+    return None
 
 
 def _storable(documents: Iterable[Document], problems: list[Problem]) -> Iterator[Document]:

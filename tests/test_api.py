@@ -640,6 +640,43 @@ def test_a_record_that_moved_to_another_line_keeps_its_vector_and_takes_its_new_
         np.testing.assert_array_equal(index.store.vectors(sorted(after)), vectors[1:])
 
 
+def test_records_without_an_id_keep_their_vectors_when_lines_above_them_change(
+        tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JSONL record without an id is named by its line: a line added above it made it a new
+    document, encoded again (every record below a line added at the top of a file). It takes
+    its new line with the vector it had, as a clean build would name it; lines removed above
+    it alike, and the old lines left over are removed."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    lines = [json.dumps({"text": f"record number {i} about water"}) + "\n" for i in range(3)]
+    (docs / "a.jsonl").write_text("".join(lines))
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(docs, settings=settings) as index:
+        vectors = index.store.vectors([f"a.jsonl#L{i}" for i in (1, 2, 3)])
+    from vecplug.indexer.encoder import Encoder
+
+    encoded: list[str] = []
+    real = Encoder.encode_documents
+    monkeypatch.setattr(Encoder, "encode_documents",
+                        lambda self, texts, **kw: encoded.extend(texts) or real(self, texts, **kw))
+    (docs / "a.jsonl").write_text(json.dumps({"text": "a line added at the top"}) + "\n" + "".join(lines))
+    with vecplug.create_index(docs, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (1, 3, 0)
+        assert encoded == ["a line added at the top"]
+        after = {r.id: (r.text, r.position) for r in index.store.get(list(index.store.ids()))}
+        assert after == {"a.jsonl#L1": ("a line added at the top", 1),
+                         **{f"a.jsonl#L{i + 2}": (f"record number {i} about water", i + 2) for i in range(3)}}
+        np.testing.assert_array_equal(index.store.vectors([f"a.jsonl#L{i}" for i in (2, 3, 4)]), vectors)
+    encoded.clear()
+    (docs / "a.jsonl").write_text("".join(lines[1:]))
+    with vecplug.create_index(docs, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (0, 2, 2)
+        assert encoded == []
+        assert sorted(index.store.ids()) == ["a.jsonl#L1", "a.jsonl#L2"]
+        np.testing.assert_array_equal(index.store.vectors(["a.jsonl#L1", "a.jsonl#L2"]), vectors[1:])
+
+
 def test_a_document_of_undetermined_language_is_unchanged_on_a_second_run(tmp_path: Path, tiny_model: Path) -> None:
     """Stores read an undetermined language back as None where the document says "und":
     the same document again is still unchanged, not encoded again on every run."""

@@ -384,8 +384,10 @@ class Index:
         """Read a folder (or one file) and index every document in it; bad input is reported.
 
         Re-running on the same folder brings the index up to date: new and edited documents
-        are encoded, unchanged ones skipped, and documents whose file is gone (or no longer
-        has them) removed; files that cannot be read this time keep their last good version.
+        are encoded, unchanged ones skipped (a record without an id, named by its line, that
+        lines above it moved takes its new line with the vector it had), and documents whose
+        file is gone (or no longer has them) removed; files that cannot be read this time keep
+        their last good version.
         The first folder's documents are named by their paths inside it; a subfolder or a file
         of it given alone updates just its own documents there. Another folder given to the
         same index is added under its absolute path (``/abs/folder/a.txt#0``), so the two never
