@@ -57,8 +57,15 @@ def make_corpus(folder: Path, rng: random.Random, files: int = 10) -> None:
     (folder / "records.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def add_lines(folder: Path, rng: random.Random) -> None:
+    """Records without an id, named by their line: moved by the lines added above them."""
+    lines = [json.dumps({"text": _text(rng, 6)}) for _ in range(12)]
+    (folder / "lines.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def mutate(folder: Path, rng: random.Random, step: int) -> None:
-    """Edit, delete and add files, and change a record: what users do between runs."""
+    """Edit, delete and add files, change a record, add a line above records without an id
+    and remove another (add_lines): what users do between runs."""
     files = sorted(folder.glob("doc*.txt"))
     for f in rng.sample(files, min(2, len(files))):
         f.write_text(_text(rng, rng.randint(5, 60)))
@@ -68,6 +75,11 @@ def mutate(folder: Path, rng: random.Random, step: int) -> None:
     lines = (folder / "records.jsonl").read_text().splitlines()
     lines[rng.randrange(len(lines))] = json.dumps({"id": f"r{rng.randrange(20)}", "text": _text(rng, 6)})
     (folder / "records.jsonl").write_text("\n".join(lines) + "\n")
+    if (folder / "lines.jsonl").exists():
+        lines = (folder / "lines.jsonl").read_text().splitlines()
+        lines.insert(rng.randrange(3), json.dumps({"text": _text(rng, 6)}))
+        del lines[rng.randrange(len(lines))]
+        (folder / "lines.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def expected_docs(corpus: Path) -> tuple[list[str], dict[str, tuple[Any, ...]]]:
@@ -157,6 +169,7 @@ def test_killed_indexer_always_leaves_a_committed_state(tmp_path: Path, store_na
     rng = random.Random(20261122)
     corpus, index = tmp_path / "corpus", tmp_path / "index"
     make_corpus(corpus, rng)
+    add_lines(corpus, rng)
     # how long a whole run takes here, so that the kills spread over all of it
     t0 = time.perf_counter()
     fw.sync(store_name, corpus, tmp_path / "timing", encoder=fw.SlowEncoder(fw.DIM))
