@@ -150,3 +150,23 @@ def built_me5(me5_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from vecplug.indexer.models import build_builtin
 
     return build_builtin("me5-small")
+
+
+def server_options() -> dict[str, Any]:
+    """Options of a Qdrant store on the server code path, against qdrant-client's in-process
+    server stand-in (a fresh one each call)."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    return {"client": qdrant_client.QdrantClient(location=":memory:"), "collection": "battery"}
+
+
+@pytest.fixture(params=["hnswlib", "qdrant-embedded", "qdrant-server"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type, str, dict[str, Any]]:
+    """Each store as (class, location, options): the battery every store passes."""
+    from vecplug.adapters.stores import get_store_class
+
+    if request.param == "hnswlib":
+        return get_store_class("hnswlib"), str(tmp_path / "idx"), {}
+    pytest.importorskip("qdrant_edge" if request.param == "qdrant-embedded" else "qdrant_client")
+    if request.param == "qdrant-embedded":
+        return get_store_class("qdrant"), str(tmp_path / "idx"), {}
+    return get_store_class("qdrant"), "http://localhost:6333", server_options()

@@ -16,22 +16,6 @@ from vecplug.adapters.stores import Record, get_store_class
 DIM = 16
 
 
-def _server_options() -> dict[str, Any]:
-    qdrant_client = pytest.importorskip("qdrant_client")
-    return {"client": qdrant_client.QdrantClient(location=":memory:"), "collection": "lines"}
-
-
-@pytest.fixture(params=["hnswlib", "qdrant-embedded", "qdrant-server"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type, str, dict[str, Any]]:
-    """A store to index into, as tests/test_stores.py's battery makes them."""
-    if request.param == "hnswlib":
-        return get_store_class("hnswlib"), str(tmp_path / "idx"), {}
-    pytest.importorskip("qdrant_edge" if request.param == "qdrant-embedded" else "qdrant_client")
-    if request.param == "qdrant-embedded":
-        return get_store_class("qdrant"), str(tmp_path / "idx"), {}
-    return get_store_class("qdrant"), "http://localhost:6333", _server_options()
-
-
 class Counting(FakeEncoder):
     """The fake encoder, keeping every text it encodes."""
 

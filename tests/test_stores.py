@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import server_options as _server_options
 from conftest import unit_vectors
 from vecplug.adapters.stores import Record, available_stores, get_store_class
 from vecplug.errors import IndexNotFoundError, UnknownBackendError
@@ -18,20 +19,6 @@ DIM = 12
 LANGS = ["en", "de", "zh"]
 
 
-def _server_options() -> dict[str, Any]:
-    qdrant_client = pytest.importorskip("qdrant_client")
-    return {"client": qdrant_client.QdrantClient(location=":memory:"), "collection": "battery"}
-
-
-@pytest.fixture(params=["hnswlib", "qdrant-embedded", "qdrant-server"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type, str, dict[str, Any]]:
-    if request.param == "hnswlib":
-        return get_store_class("hnswlib"), str(tmp_path / "idx"), {}
-    pytest.importorskip("qdrant_edge" if request.param == "qdrant-embedded" else "qdrant_client")
-    if request.param == "qdrant-embedded":
-        return get_store_class("qdrant"), str(tmp_path / "idx"), {}
-    # the server code path, against qdrant-client's in-process server stand-in
-    return get_store_class("qdrant"), "http://localhost:6333", _server_options()
 
 
 def records(n: int, start: int = 0) -> list[Record]:
