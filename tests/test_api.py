@@ -293,6 +293,15 @@ def test_an_index_that_did_not_record_its_first_source(tmp_path: Path, tiny_mode
     with vecplug.create_index(docs, settings=one) as index:
         assert (index.report.documents, index.report.unchanged, index.report.removed) == (2, 1, 0)
         assert sorted(index.store.ids()) == ["a.txt#0", "r.jsonl#x", "sub/b.txt#0"]
+    # another folder sharing a file name (other texts) stays another folder: taken for the
+    # first, it would have pruned the first folder's documents
+    with vecplug.open_index(settings=settings, writable=True) as index:
+        index.store.commit({"source_root": None, "source_kind": None})
+    other = _files(tmp_path / "other", {"a.txt": "a note of another folder"})
+    with vecplug.create_index(other, settings=settings) as index:
+        assert index.report.removed == 0
+        assert sorted(index.store.ids()) == sorted(["a.txt#0", "r.jsonl#x", "sub/b.txt#0",
+                                                    f"{other.resolve()}/a.txt#0"])
 
 
 def test_a_part_or_a_copy_of_the_first_folder_never_prunes_the_rest(tmp_path: Path, tiny_model: Path) -> None:

@@ -428,11 +428,12 @@ class Index:
         first = built_from == source_root or (built_from is None and self.store.count() == 0)
         if built_from is None and not first:
             # an index of a vecplug that did not record its first folder: its documents have
-            # their ids relative to it. This folder is that one when it names some of them so
-            # (their texts may have changed since); named by absolute path, every document
+            # their ids relative to it. This folder is that one when it names them so, with
+            # their texts (as for a moved folder: another folder that shares a file name must
+            # not become the first and prune the rest); named by absolute path, every document
             # would be encoded again beside the old ones, and those kept for good
             rest = iter(documents)
-            first, head = self._moved_here(rest, same_text=False)
+            first, head = self._moved_here(rest)
             documents = chain(head, rest)
         if (not first and built_from is not None and not os.path.lexists(built_from)
                 and kind == built_kind):
@@ -533,13 +534,12 @@ class Index:
                                for r in records], vectors)
             self.store.delete([r.id for r in records])
 
-    def _moved_here(self, documents: Iterator[Document], same_text: bool = True) -> tuple[bool, list[Document]]:
+    def _moved_here(self, documents: Iterator[Document]) -> tuple[bool, list[Document]]:
         """Whether a folder's documents are the first folder's, moved: of the first documents
         the index holds by their relative ids (up to RELOCATION_SAMPLE of them, among at most
-        RELOCATION_SCAN read), at least half have the same text (``same_text=False``: the
-        index holds any of them). Documents the index does not hold yet (files added since,
-        sorting first) say nothing either way. Returns the verdict and the documents read, to
-        be indexed as well."""
+        RELOCATION_SCAN read), at least half have the same text. Documents the index does not
+        hold yet (files added since, sorting first) say nothing either way. Returns the
+        verdict and the documents read, to be indexed as well."""
         from itertools import islice
 
         head: list[Document] = []
@@ -553,8 +553,6 @@ class Index:
                     same += stored[d.id].text == d.text
             if held >= RELOCATION_SAMPLE or len(head) >= RELOCATION_SCAN:
                 break
-        if not same_text:
-            return held > 0, head
         return same > 0 and 2 * same >= held, head
 
     # -- reading -----------------------------------------------------------
