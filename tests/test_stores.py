@@ -272,6 +272,37 @@ def test_hnswlib_large_filter_walks_the_graph(tmp_path: Path, monkeypatch: pytes
                 assert all(h.vector is None for h in hits)  # the walk has no vectors at hand
 
 
+def test_hnswlib_language_filters_kept_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each language set searched kept a copy of its vectors until the next commit (never, for
+    a reader): a service whose users ask for many sets grew by hundreds of MB. The least
+    recently used go first; close() releases them."""
+    from vecplug.adapters.stores import hnsw
+
+    vecs = unit_vectors(60, DIM, seed=8)
+    with committed((get_store_class("hnswlib"), str(tmp_path / "idx"), {}), vecs) as store:
+        one = hnsw._filter_bytes(store._filter_for(("en",)))
+        monkeypatch.setattr(hnsw, "FILTER_CACHE_BYTES", 3 * one)
+        for extra in ("xa", "xb", "xc", "xd", "xe", "xf"):
+            hits = store.search(vecs[0], 3, ["en", extra])
+            assert [h.record.lang for h in hits] == ["en"] * 3
+        assert 1 <= len(store._filter_cache) <= 3 and ("en", "xf") in store._filter_cache
+        assert ("en", "xa") not in store._filter_cache
+        store.close()
+        assert not store._filter_cache
+
+
+def test_a_closed_store_refuses_searches(target: tuple[type, str, dict[str, Any]]) -> None:
+    """A search through a closed hnswlib handle found nothing, silently (a service thread still
+    holding the old handle during a reload got empty results)."""
+    from vecplug.errors import VecplugError
+
+    with committed(target, unit_vectors(10, DIM)) as store:
+        store.close()
+        for langs in (None, ["en"]):
+            with pytest.raises(VecplugError, match="closed"):
+                store.search(unit_vectors(1, DIM)[0], 3, langs)
+
+
 @pytest.mark.slow
 def test_qdrant_large_filter_finds_the_filters_neighbours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A filter too large for Qdrant's exact search, on a built HNSW graph, still finds most of

@@ -34,6 +34,7 @@ import json
 import os
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,10 @@ from vecplug.types import HNSW_DEFAULTS
 DB_NAME = "records.sqlite"
 MANIFEST_NAME = "manifest.json"
 STAMP_NAME = ".verified.json"
+#: language filters a handle keeps (their labels and vectors), least recently used dropped
+#: first: each is a copy of its languages' vectors (up to EXACT_FILTER_LIMIT of them), and
+#: a service's users ask for many language sets
+FILTER_CACHE_BYTES = 256 * 1024 * 1024
 #: a commit rebuilds the graph once deleted vectors are this share of it (and at least
 #: COMPACT_MIN of them): hnswlib keeps deleted vectors in the graph, marked
 COMPACT_SHARE = 0.25
@@ -207,6 +212,13 @@ def _crc_column(db: sqlite3.Connection) -> str:
     return "crc" if any(row[1] == "crc" for row in db.execute("PRAGMA table_info(records)")) else "NULL"
 
 
+def _filter_bytes(entry: tuple[np.ndarray, np.ndarray | frozenset[int]]) -> int:
+    """About what a cached language filter takes: its labels and vectors, or its label set."""
+    labels, columns_or_set = entry
+    held = columns_or_set.nbytes if isinstance(columns_or_set, np.ndarray) else 64 * len(columns_or_set)
+    return labels.nbytes + held
+
+
 def _database_stats(folder: Path) -> dict[str, list[int] | None]:
     """The database and its write-ahead log as an immutable reader compares them: a change
     means a commit landed (see HnswStore._frozen)."""
@@ -240,8 +252,9 @@ class HnswStore(VectorStore):
         # were then. SQLite does not see another process's commits there (data_version never
         # moves), and reading on while they land mixes pages: a change means a new connection
         self._frozen: dict[str, list[int] | None] | None = None
-        # per language set: labels, and their vectors as columns or (too many) a set of labels
-        self._filter_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = {}
+        # per language set: labels, and their vectors as columns or (too many) a set of labels;
+        # least recently used first, within FILTER_CACHE_BYTES (users' language sets are many)
+        self._filter_cache: OrderedDict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = OrderedDict()
 
     @property
     def parameters(self) -> dict[str, int]:
@@ -536,6 +549,7 @@ class HnswStore(VectorStore):
                 if self._writable:
                     self._write_stamp()  # after close: SQLite has folded its WAL into the file
             self._index = None
+            self._filter_cache.clear()  # copies of vectors: released with the graph
             if self._lock:
                 self._lock.release()
                 self._lock = None
@@ -801,6 +815,8 @@ class HnswStore(VectorStore):
         if row.shape[1] != self.dim:
             raise ModelMismatchError(f"query vector has dimension {row.shape[1]}, "
                                      f"the index at {self.folder} has {self.dim}")
+        if self._db is None:  # a closed handle found nothing, silently (the Qdrant store refuses)
+            raise VecplugError(f"the index at {self.folder} is closed")
         self._follow()
         return None if self._index is None else row
 
@@ -817,10 +833,7 @@ class HnswStore(VectorStore):
         if k <= 0:
             return [], None
         if langs:
-            key = tuple(sorted(set(langs)))
-            if key not in self._filter_cache:
-                self._filter_cache[key] = self._filter_candidates(key)
-            labels, columns_or_set = self._filter_cache[key]
+            labels, columns_or_set = self._filter_for(tuple(sorted(set(langs))))
             if not len(labels):
                 return [], None
             if not isinstance(columns_or_set, np.ndarray):
@@ -867,6 +880,19 @@ class HnswStore(VectorStore):
                 if k == 1:
                     return []
                 k = max(1, k // 2)
+
+    def _filter_for(self, key: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
+        """:meth:`_filter_candidates` of a language set, from the cache when it holds it. The
+        cache keeps the most recently used sets within FILTER_CACHE_BYTES: each set is a copy
+        of its languages' vectors, and a service's users ask for many sets. Under the mutex."""
+        cache = self._filter_cache
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        cache[key] = found = self._filter_candidates(key)
+        while len(cache) > 1 and sum(map(_filter_bytes, cache.values())) > FILTER_CACHE_BYTES:
+            cache.popitem(last=False)
+        return found
 
     def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
         """Labels of the records in ``langs``, with their vectors (as the columns of a
