@@ -93,6 +93,20 @@ def test_a_reader_beside_a_writer_reads_a_checked_copy_and_follows_it(tmp_path: 
     writer.close()
 
 
+def test_a_reader_dropped_without_close_leaves_no_copy(tmp_path: Path) -> None:
+    """``open_index(p).search(q)`` never closes: each such reader kept its copy and its lock
+    until the process ended (40 searches, 40 copies, 40 more open files)."""
+    import gc
+
+    loc, base = tmp_path / "idx", tmp_path / "copies"
+    writer = _writer(loc)
+    for _ in range(3):
+        assert QdrantStore.open(str(loc), {"snapshot_dir": str(base)}).count() == 10  # dropped
+    gc.collect()
+    assert _copies(base) == []
+    writer.close()
+
+
 _KILLED_WRITER = """
 import os, signal, sys
 import numpy as np

@@ -400,6 +400,19 @@ def test_hnswlib_indexes_of_the_first_day_are_read(tmp_path: Path) -> None:
         cls.open(location, {})
 
 
+def test_a_writer_dropped_without_close_lets_the_next_one_in(target: tuple[type, str, dict[str, Any]]) -> None:
+    """A writable handle that went out of scope unclosed kept the folder's writer lock until
+    the process ended: every later writer in the process was refused."""
+    import gc
+
+    cls, location, options = target
+    if location.startswith("http"):
+        pytest.skip("a server collection's writer holds a lease, not a lock of this process")
+    cls.create(location, DIM, {"dim": DIM}, options)  # dropped, never closed
+    gc.collect()
+    cls.open(location, options, writable=True).close()
+
+
 def test_hnswlib_one_writer(tmp_path: Path) -> None:
     from vecplug.errors import VecplugError
 

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -126,12 +127,14 @@ class WriterLock:
     """An exclusive, non-blocking lock on a folder: one writer at a time.
 
     ``flock`` is released by the kernel when the process dies, so a killed writer
-    never leaves a stale lock behind.
+    never leaves a stale lock behind; a lock dropped without :meth:`release` (a handle never
+    closed) closes its descriptor when it is collected, which releases it too.
     """
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / "writer.lock"
         self._fd: int | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def acquire(self) -> None:
         try:
@@ -142,12 +145,16 @@ class WriterLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise IndexLockedError(f"another process is writing to the index at {self.path.parent}; "
-                                   "wait for it to finish") from None
+            raise IndexLockedError(f"another process is writing to the index at {self.path.parent} (or "
+                                   "a writable handle of this one is still open); wait for it to finish") from None
         self._fd = fd
+        self._finalizer = weakref.finalize(self, os.close, fd)
 
     def release(self) -> None:
         if self._fd is not None:
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -19,6 +19,7 @@ import stat
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -556,6 +557,16 @@ def _private_folder(path: str) -> None:
 COPY_NAME = re.compile(r"vecplug-copy-[0-9]+-[0-9a-f]{12}")
 
 
+def _remove_copy(folder: str, lockpath: str, fd: int) -> None:
+    """Remove a reader's copy, then its lock file, then release the lock."""
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        os.unlink(lockpath)
+    except OSError:
+        pass
+    os.close(fd)
+
+
 class _Snapshot:
     """The folder of one reader's private copy of a shard, ``<base>/<token>/shard``, owned
     while ``<base>/<token>.lock`` is locked (flock: the kernel releases it when the owner dies,
@@ -571,6 +582,9 @@ class _Snapshot:
         self.dir = os.path.join(base, token)
         self.lockpath = self.dir + ".lock"
         self.shard = os.path.join(self.dir, SHARD)
+        # a reader dropped without close (open_index(p).search(q)) kept its copy and its lock
+        # until the process ended, and a writer of the folder was refused meanwhile
+        self._finalizer = weakref.finalize(self, _remove_copy, self.dir, self.lockpath, self.fd)
         try:
             os.mkdir(self.dir, 0o700)
         except OSError as exc:
@@ -632,10 +646,5 @@ class _Snapshot:
         """Remove the copy, then the lock file, then release the lock."""
         if self.fd is None:
             return
-        shutil.rmtree(self.dir, ignore_errors=True)
-        try:
-            os.unlink(self.lockpath)
-        except OSError:
-            pass
-        os.close(self.fd)
+        self._finalizer()  # once: the finalizer is dead after this call
         self.fd = None
