@@ -277,8 +277,13 @@ def test_an_index_that_did_not_record_its_first_source(tmp_path: Path, tiny_mode
     settings = _settings_at(tmp_path / "idx", tiny_model)
     with vecplug.create_index(docs, settings=settings):
         pass
-    with vecplug.open_index(settings=settings, writable=True) as index:
-        index.store.commit({"source_root": None, "source_kind": None})  # as an early version left it
+    def as_early_versions_left_it(keys: tuple[str, ...]) -> None:
+        with vecplug.open_index(settings=settings, writable=True) as index:
+            for key in keys:
+                index.store._meta["manifest"].pop(key)  # not recorded (a commit keeps the others)
+            index.store.commit({})
+
+    as_early_versions_left_it(("source_root", "source_kind"))
     (docs / "a.txt").write_text("the quick brown fox jumps over the lazy dog")  # changed since
     with vecplug.create_index(docs, settings=settings) as index:
         assert (index.report.documents, index.report.unchanged, index.report.removed) == (1, 2, 0)
@@ -288,20 +293,36 @@ def test_an_index_that_did_not_record_its_first_source(tmp_path: Path, tiny_mode
     one = _settings_at(tmp_path / "idx1", tiny_model)
     with vecplug.create_index(docs / "r.jsonl", settings=one):
         pass
-    with vecplug.open_index(settings=one, writable=True) as index:
-        index.store.commit({"source_kind": None})
+    settings, kept = one, settings
+    as_early_versions_left_it(("source_kind",))
+    settings = kept
     with vecplug.create_index(docs, settings=one) as index:
         assert (index.report.documents, index.report.unchanged, index.report.removed) == (2, 1, 0)
         assert sorted(index.store.ids()) == ["a.txt#0", "r.jsonl#x", "sub/b.txt#0"]
     # another folder sharing a file name (other texts) stays another folder: taken for the
     # first, it would have pruned the first folder's documents
-    with vecplug.open_index(settings=settings, writable=True) as index:
-        index.store.commit({"source_root": None, "source_kind": None})
+    as_early_versions_left_it(("source_root", "source_kind"))
     other = _files(tmp_path / "other", {"a.txt": "a note of another folder"})
     with vecplug.create_index(other, settings=settings) as index:
         assert index.report.removed == 0
         assert sorted(index.store.ids()) == sorted(["a.txt#0", "r.jsonl#x", "sub/b.txt#0",
                                                     f"{other.resolve()}/a.txt#0"])
+
+
+def test_documents_given_through_the_api_before_the_first_folder(tmp_path: Path, tiny_model: Path) -> None:
+    """Documents added through the API first, then a folder: the folder is the index's first
+    (named by paths inside it, recognised when moved). It was taken for another folder: ids
+    by absolute path, and a moved folder indexed again beside its old copy."""
+    docs = _files(tmp_path / "docs", {"a.txt": "the quick brown fox jumps", "b.txt": "water boils"})
+    settings = _settings_at(tmp_path / "idx", tiny_model)
+    with vecplug.create_index(settings=settings) as index:
+        index.add_documents([vecplug.Document("faq#1", "a question and its answer", "faq", 1, "en")])
+    with vecplug.create_index(docs, settings=settings) as index:
+        assert sorted(index.store.ids()) == ["a.txt#0", "b.txt#0", "faq#1"]
+    moved = docs.rename(tmp_path / "moved")
+    with vecplug.create_index(moved, settings=settings) as index:
+        assert (index.report.documents, index.report.unchanged, index.report.removed) == (0, 2, 0)
+        assert sorted(index.store.ids()) == ["a.txt#0", "b.txt#0", "faq#1"]
 
 
 def test_a_part_or_a_copy_of_the_first_folder_never_prunes_the_rest(tmp_path: Path, tiny_model: Path) -> None:

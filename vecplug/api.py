@@ -85,6 +85,10 @@ RELOCATION_SAMPLE = 16
 RELOCATION_SCAN = 1024
 
 
+#: the manifest value of an index made before a key was recorded (a string: values are copies)
+_UNRECORDED = "\0unrecorded"
+
+
 def _source_kind(built_from: str | None) -> str:
     """What an index's first source was, for an index made before it was recorded: a file
     when it is one (or, gone, was named as one), else a folder."""
@@ -194,6 +198,10 @@ class Index:
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "corpus": {**c, "embed_fields": list(c["embed_fields"])},
             "debias": self.settings.index.debias,
+            # no folder indexed yet (documents given through the API may come first): the
+            # first folder indexed records itself here. Absent: an index of a vecplug that
+            # did not record it
+            "source_root": None,
         }
 
     def corpus_settings(self, room: int | None = None) -> dict[str, Any]:
@@ -425,7 +433,9 @@ class Index:
 
             documents = one_language_per_file(documents, self.detector.detect)
         kind = "folder" if root.is_dir() else "file"
-        first = built_from == source_root or (built_from is None and self.store.count() == 0)
+        # None recorded: no folder indexed yet (documents given through the API only)
+        first = built_from == source_root or (built_from is None and (
+            self.store.count() == 0 or self.store.manifest_value("source_root", _UNRECORDED) is None))
         if built_from is None and not first:
             # an index of a vecplug that did not record its first folder: its documents have
             # their ids relative to it. This folder is that one when it names them so, with
