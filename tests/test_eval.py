@@ -652,6 +652,15 @@ def test_cli_eval_limit_per_detected_language(tmp_path: Path, tiny_model: Path) 
     assert "on (the index's setting)" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_cli_eval_names_the_users_debias_setting(tmp_path: Path, tiny_model: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the user's search.debias set, the report credited the index with it."""
+    beir = write_beir_untagged(tmp_path / "untagged")
+    monkeypatch.setenv("VECPLUG_SEARCH_DEBIAS", "0")
+    out = run_cli("eval", f"beir:{beir}", "--model", str(tiny_model), "--mode", "xy", "--limit", "1", "-q")
+    assert "off (search.debias)" in out and "the index's setting" not in out
+
+
 def test_cli_eval_no_queries_shows_problems(tmp_path: Path, tiny_model: Path) -> None:
     """When the skipped lines leave nothing to evaluate, they say why."""
     beir = write_beir(tmp_path / "beir", bad_lines=False)

@@ -186,6 +186,9 @@ class RunResult:
     #: the language-bias correction the searches used: ``run.debias``, else the index's setting
     #: (None when the index cannot say); mono searches never apply it
     debias: bool | None = None
+    #: where ``debias`` came from when the run did not choose: the user's ``search.debias``
+    #: setting or the index's own
+    debias_from: str = "the index's setting"
 
     def to_dict(self) -> dict[str, Any]:
         # "debias" stays what the run asked for (None: the index's setting), beside what that meant
@@ -342,7 +345,8 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                     rows.append(row)
                 summary = aggregate(rows, pooled)
                 summary["skipped_queries"] = skipped
-                results[i] = RunResult(run, summary, rows, encoder, _effective_debias(index, run.debias))
+                results[i] = RunResult(run, summary, rows, encoder, _effective_debias(index, run.debias),
+                                       _debias_source(index))
         finally:
             index.close()
     return [results[i] for i in range(len(runs))]
@@ -369,6 +373,13 @@ def _effective_debias(index: Any, debias: bool | None) -> bool | None:
         return debias
     resolve = getattr(index, "debias_for", None)
     return bool(resolve(None)) if callable(resolve) else None
+
+
+def _debias_source(index: Any) -> str:
+    """What decides the correction of a run that does not: the user's ``search.debias``
+    (settings, environment) when set, else the index's own setting."""
+    search = getattr(getattr(index, "settings", None), "search", None)
+    return "search.debias" if getattr(search, "debias", None) is not None else "the index's setting"
 
 
 def _check_runs(runs: Sequence[Run]) -> None:
@@ -785,7 +796,7 @@ def debias_text(result: RunResult) -> str:
     run's choice or the index's setting (mono searches never apply it)."""
     state = {True: "on", False: "off", None: "the index's setting"}[result.debias]
     if result.run.debias is None and result.debias is not None:
-        state += " (the index's setting)"
+        state += f" ({result.debias_from})"
     if result.run.mode == "mono":
         state += ", not applied in mono"
     return state
