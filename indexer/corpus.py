@@ -887,7 +887,7 @@ def markdown_title(text: str) -> str | None:
         m = _FRONT_TITLE.fullmatch(line.rstrip())
         if m and not re.fullmatch(r"[>|][-+0-9]*", m.group(1).strip()):
             # (a folded or literal block, "title: >", continues on the next lines: not read)
-            front = m.group(1).strip().strip("\"'").strip()
+            front = _yaml_scalar(m.group(1).strip())
             if front:
                 return front if len(front) <= MAX_TITLE_CHARS else None
     lines_ = _lines_of(text, end)
@@ -914,6 +914,16 @@ def markdown_title(text: str) -> str | None:
             title = bare.rstrip()
         return title if 0 < len(title) <= MAX_TITLE_CHARS else None
     return None
+
+
+def _yaml_scalar(value: str) -> str:
+    """A one-line YAML scalar's text: a quoted one unquoted with its escapes undone (``''`` in
+    single quotes, ``\\"`` and ``\\\\`` in double quotes), a plain one as it is."""
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return value[1:-1].replace("''", "'").strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return re.sub(r'\\(["\\])', r"\1", value[1:-1]).strip()
+    return value
 
 
 def _lines_of(text: str, start: int = 0) -> Iterator[str]:

@@ -92,6 +92,10 @@ def test_markdown_titles() -> None:
     assert markdown_title("---\nIntro text\ntitle: Foo\n---\n# Bar\n") == "Bar"
     assert markdown_title("---\nIntro text\n# Inside\n---\n# Bar\n") == "Inside"
     assert markdown_title("---\ntitle: ''\ntitle: Second\n---\n") == "Second"
+    # quoted YAML scalars lose their escapes as YAML reads them
+    assert markdown_title("---\ntitle: 'It''s quoted'\n---\n") == "It's quoted"
+    assert markdown_title('---\ntitle: "Say \\"hi\\""\n---\n') == 'Say "hi"'
+    assert markdown_title("---\ntitle: plain 'words'\n---\n") == "plain 'words'"  # plain: as it is
 
 
 def test_csv_header_names_are_the_fields(tmp_path: Path) -> None:

@@ -354,7 +354,8 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path, 
     (corpus / "d.txt").write_text("der fuchs springt\n", encoding="utf-8")
     result = runner.invoke(cli, ["index", str(corpus), "-q", "--int8-documents", "--runtime", "onnx",
                                  *fp32_index])
-    assert result.exit_code != 0 and "document quantisation mismatch" in result.output
+    assert result.exit_code != 0 and ("document quantisation mismatch: the index was built with float32, "
+                                      "but this run uses 'int8'") in result.output
     # and torch cannot run its int8 documents
     result = runner.invoke(cli, ["search", "wasser", *common, "--runtime", "torch"])
     assert result.exit_code != 0 and "needs the onnx runtime" in result.output

@@ -812,10 +812,14 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
 
         raise ModelMismatchError(f"projection mismatch: the index was built with {show(built_proj)}, "
                                  f"but this run uses {show(cur_proj)}")
+    def shown(key: str, value: Any) -> str:
+        # no document quantisation is float32 weights ("built with None" said nothing)
+        return "float32" if key == "document_quantize" and value is None else repr(value)
+
     for key, what, name in checks:
         if key in built and built[key] != current.get(key):
-            left = f"{built.get(name)} ({built[key]})" if name else repr(built[key])
-            right = f"{current.get(name)} ({current.get(key)})" if name else repr(current.get(key))
+            left = f"{built.get(name)} ({built[key]})" if name else shown(key, built[key])
+            right = f"{current.get(name)} ({current.get(key)})" if name else shown(key, current.get(key))
             raise ModelMismatchError(f"{what} mismatch: the index was built with {left}, "
                                      f"but this run uses {right}")
 

@@ -222,9 +222,10 @@ class _Edge:
                 return self._open_snapshot(self.snapshot_wait)
             if isinstance(exc, IndexLockedError):
                 raise IndexLockedError(
-                    f"the index in {self.folder} is open elsewhere, in another process: a writer, or a reader "
-                    "that found it free and opened it in place (embedded Qdrant's engine serves "
-                    "one process at a time). Readers opened while a writer works read a copy; to "
+                    f"the index in {self.folder} is open elsewhere, in another process or in a handle of this "
+                    "one not closed yet: a writer, or a reader that found it free and opened it in place "
+                    "(embedded Qdrant's engine serves one handle at a time). Readers opened while a "
+                    "writer works read a copy; to "
                     "keep long-lived readers from ever holding writers out, open them with "
                     "index.reader_copy: true (VECPLUG_INDEX_READER_COPY=1)") from None
             raise
