@@ -726,6 +726,39 @@ def test_qdrant_unreachable_server_is_named(monkeypatch: pytest.MonkeyPatch) -> 
     assert [str(w.message) for w in shown] == []  # the error alone, no client warning with it
 
 
+@pytest.mark.parametrize("body", [b"<html><body>a web site</body></html>", b'{"status": "ok"}'])
+def test_a_url_that_is_not_a_qdrant_server_is_named(body: bytes) -> None:
+    """A web server answering 200 with a page (or JSON of another API) was a JSONDecodeError or
+    AssertionError traceback; a 404 was already named."""
+    import http.server
+    import re
+    import threading
+
+    pytest.importorskip("qdrant_client")
+    from vecplug.errors import VecplugError
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json" if body.startswith(b"{") else "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(VecplugError, match=re.escape(f"qdrant at {url} gave an answer that is not Qdrant's")):
+            get_store_class("qdrant").exists(url, {})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_callers_client_is_named_by_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """An unreachable server behind the caller's client (QdrantSearcher) was named "client://"."""
     import re

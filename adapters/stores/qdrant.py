@@ -259,6 +259,12 @@ def _retry(fn: Callable[..., _T], *args: Any, tries: int = 3, where: str = "", *
                 refused = _refusal(exc, code, at, UnexpectedResponse)
                 if refused is not None:
                     raise refused from exc
+                if isinstance(exc, (ValueError, AssertionError)) and where.lower().startswith(("http://", "https://")):
+                    # a server's answer the client could not read (a web page answering 200,
+                    # JSON of another API): the client's own traceback named neither
+                    raise VecplugError(f"qdrant{at} gave an answer that is not Qdrant's ({type(exc).__name__}: "
+                                       f"{str(exc)[:200]}): is this the URL of a Qdrant server's REST API "
+                                       "(port 6333)?") from exc
                 raise
             if attempt == tries - 1:
                 raise VecplugError(f"qdrant unreachable{at} after {tries} tries: {exc}") from exc
