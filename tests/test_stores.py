@@ -413,6 +413,26 @@ def test_a_writer_dropped_without_close_lets_the_next_one_in(target: tuple[type,
     cls.open(location, options, writable=True).close()
 
 
+def test_a_writer_removes_what_killed_writers_left(target: tuple[type, str, dict[str, Any]]) -> None:
+    """A writer killed between writing a file's temporary copy and renaming it left the copy
+    for good (one manifest, tens of KB, per killed run); a live process's stays."""
+    import os
+    import subprocess
+
+    cls, location, options = target
+    if location.startswith("http"):
+        pytest.skip("a server collection has no folder")
+    cls.create(location, DIM, {"dim": DIM}, options).close()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = Path(location) / f".manifest.json.{gone.pid}.tmp"
+    alive = Path(location) / f".manifest.json.{os.getppid()}.tmp"
+    dead.write_text("{}")
+    alive.write_text("{}")
+    cls.open(location, options, writable=True).close()
+    assert not dead.exists() and alive.exists()
+
+
 def test_hnswlib_one_writer(tmp_path: Path) -> None:
     from vecplug.errors import VecplugError
 

@@ -7,6 +7,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import weakref
@@ -112,6 +113,27 @@ def process_running(pid: int) -> bool:
     return True
 
 
+#: :func:`atomic_write_bytes`'s temporary names: ``.<name>.<pid>.tmp``
+_TEMPORARY = re.compile(r"\..+\.([0-9]+)\.tmp")
+
+
+def remove_dead_temporaries(folder: Path) -> None:
+    """Remove the temporary files of :func:`atomic_write_bytes` in ``folder`` whose process is
+    gone (killed before its rename): each killed writer left one (a manifest's, with its
+    language statistics, tens of KB) for good."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        m = _TEMPORARY.fullmatch(name)
+        if m and int(m.group(1)) != os.getpid() and not process_running(int(m.group(1))):
+            try:
+                os.unlink(folder / name)
+            except OSError:
+                pass  # another cleaner, or not ours to remove: it stays
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
 
@@ -149,6 +171,7 @@ class WriterLock:
                                    "a writable handle of this one is still open); wait for it to finish") from None
         self._fd = fd
         self._finalizer = weakref.finalize(self, os.close, fd)
+        remove_dead_temporaries(self.path.parent)
 
     def release(self) -> None:
         if self._fd is not None:
