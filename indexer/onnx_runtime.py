@@ -19,6 +19,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -138,6 +139,16 @@ def calibration_texts() -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+def remove_dead_exports(folder: Path) -> None:
+    """Remove the temporary folders of exports (``.export-<pid>-*``) whose process is gone."""
+    from vecplug.fsutil import process_running
+
+    for tmp in folder.glob(".export-*-*"):
+        pid = tmp.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds | None = None) -> Path:
     """Export ``model`` (a Hugging Face encoder, eval mode), fuse it and optionally quantise it
     into ``path``, atomically: the file appears complete or not at all. ``quantize``: None or
@@ -150,7 +161,10 @@ def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds
         raise ConfigError(f"unknown quantisation '{quantize}'; known: int8")
     recipe = INT8_RECIPES.get(quantize or "")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
+    remove_dead_exports(path.parent)
+    # named by this process: a killed export (they peak at 1.3-1.8 GB: OOM kills happen here)
+    # left its folder of partial graphs, up to hundreds of MB, for good
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".export-{os.getpid()}-") as tmp:
         final = fused = Path(tmp) / "fused.onnx"
         export_fused(model, fused)
         if recipe:

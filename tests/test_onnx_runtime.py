@@ -472,3 +472,23 @@ def test_a_built_graph_is_durable_before_it_takes_the_cache_name(tiny_model: Pat
     (built, renamed_yet), (folder, renamed) = synced
     assert built.parent.name.startswith(".export-") and built.suffix == ".onnx" and not renamed_yet
     assert folder == cache and renamed
+
+
+def test_a_killed_exports_folder_is_removed(tmp_path: Path) -> None:
+    """An export killed mid-way (they peak at 1.3-1.8 GB: where OOM kills happen) left its
+    folder of partial graphs in the cache for good; a live process's export is left alone."""
+    import os
+    import subprocess
+
+    from vecplug.indexer.onnx_runtime import remove_dead_exports
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, alive = tmp_path / f".export-{gone.pid}-abc", tmp_path / f".export-{os.getppid()}-def"
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / "fused.onnx").write_bytes(b"partial")
+    old_style = tmp_path / ".export-xyz"  # named before exports carried their process
+    old_style.mkdir()
+    remove_dead_exports(tmp_path)
+    assert not dead.exists() and alive.exists() and old_style.exists()
