@@ -812,6 +812,7 @@ def check_encoder(built: dict[str, Any], current: dict[str, Any]) -> None:
 
         raise ModelMismatchError(f"projection mismatch: the index was built with {show(built_proj)}, "
                                  f"but this run uses {show(cur_proj)}")
+
     def shown(key: str, value: Any) -> str:
         # no document quantisation is float32 weights ("built with None" said nothing)
         return "float32" if key == "document_quantize" and value is None else repr(value)

@@ -223,7 +223,7 @@ def info_cmd(as_json: bool, **common: Any) -> None:
         click.echo("store:      " + ", ".join(f"{k} {v}" for k, v in store.items()))
     corpus = m.get("corpus") or {}
     if m.get("source_root") or corpus:
-        click.echo(f"source:     {m.get('source_root', '-')}; passages of {corpus.get('chunk_tokens', '?')} "
+        click.echo(f"source:     {m.get('source_root') or '-'}; passages of {corpus.get('chunk_tokens', '?')} "
                    f"tokens ({corpus.get('chunk_overlap', '?')} overlapping), fields embedded: "
                    f"{', '.join(corpus.get('embed_fields', [])) or '-'}")
     click.echo(f"built by vecplug {m.get('vecplug_version')}, created {m.get('created')}, "
