@@ -19,7 +19,7 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -139,14 +139,15 @@ def calibration_texts() -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def remove_dead_exports(folder: Path) -> None:
-    """Remove the temporary folders of exports (``.export-<pid>-*``) whose process is gone."""
-    from vecplug.fsutil import process_running
+#: an export's temporary folder, named by its process: ``.export-<pid>-<random>``
+EXPORT_FOLDER = re.compile(r"\.export-([0-9]+)-.+")
 
-    for tmp in folder.glob(".export-*-*"):
-        pid = tmp.name.split("-")[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+
+def remove_dead_exports(folder: Path) -> None:
+    """Remove the temporary folders of exports whose process is gone."""
+    from vecplug.fsutil import remove_dead_leftovers
+
+    remove_dead_leftovers(folder, EXPORT_FOLDER)
 
 
 def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds | None = None) -> Path:

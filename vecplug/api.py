@@ -424,7 +424,10 @@ class Index:
         reader = CorpusReader(root, self.encoder.document.offsets, CorpusOptions(
             chunk_tokens=cut["chunk_tokens"], chunk_overlap=cut["chunk_overlap"], embed_fields=cut["embed_fields"],
             max_file_bytes=c.max_file_mb * 1024 * 1024, room=room))
-        built_from = self.store.manifest_value("source_root")
+        # None: no folder indexed yet (documents given through the API only); unrecorded: an
+        # index of a vecplug that did not record its first folder
+        recorded = self.store.manifest_value("source_root", _UNRECORDED)
+        built_from = None if recorded == _UNRECORDED else recorded
         built_kind = self.store.manifest_value("source_kind") or _source_kind(built_from)
         manifest: dict[str, Any] = {"corpus": {**cut, "embed_fields": list(cut["embed_fields"])}}
         documents: Iterable[Document] = reader.documents()
@@ -433,9 +436,7 @@ class Index:
 
             documents = one_language_per_file(documents, self.detector.detect)
         kind = "folder" if root.is_dir() else "file"
-        # None recorded: no folder indexed yet (documents given through the API only)
-        first = built_from == source_root or (built_from is None and (
-            self.store.count() == 0 or self.store.manifest_value("source_root", _UNRECORDED) is None))
+        first = built_from == source_root or (built_from is None and (recorded is None or self.store.count() == 0))
         if built_from is None and not first:
             # an index of a vecplug that did not record its first folder: its documents have
             # their ids relative to it. This folder is that one when it names them so, with

@@ -114,24 +114,29 @@ def process_running(pid: int) -> bool:
 
 
 #: :func:`atomic_write_bytes`'s temporary names: ``.<name>.<pid>.tmp``
-_TEMPORARY = re.compile(r"\..+\.([0-9]+)\.tmp")
+TEMPORARY = re.compile(r"\..+\.([0-9]+)\.tmp")
 
 
-def remove_dead_temporaries(folder: Path) -> None:
-    """Remove the temporary files of :func:`atomic_write_bytes` in ``folder`` whose process is
-    gone (killed before its rename): each killed writer left one (a manifest's, with its
-    language statistics, tens of KB) for good."""
+def remove_dead_leftovers(folder: Path, pattern: re.Pattern[str] = TEMPORARY) -> None:
+    """Remove the files and folders in ``folder`` named by ``pattern`` (its first group: the
+    process that made them) whose process is gone: a process killed before it renamed or
+    removed them left them for good (by default :func:`atomic_write_bytes`'s temporaries)."""
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        m = _TEMPORARY.fullmatch(name)
-        if m and int(m.group(1)) != os.getpid() and not process_running(int(m.group(1))):
-            try:
-                os.unlink(folder / name)
-            except OSError:
-                pass  # another cleaner, or not ours to remove: it stays
+        m = pattern.fullmatch(name)
+        if not m or int(m.group(1)) == os.getpid() or process_running(int(m.group(1))):
+            continue
+        path = folder / name
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:
+            pass  # another cleaner, or not ours to remove: it stays
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -150,7 +155,8 @@ class WriterLock:
 
     ``flock`` is released by the kernel when the process dies, so a killed writer
     never leaves a stale lock behind; a lock dropped without :meth:`release` (a handle never
-    closed) closes its descriptor when it is collected, which releases it too.
+    closed) closes its descriptor when it is collected, which releases it too. Taking it
+    removes the temporary files killed writers left in the folder.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -171,7 +177,7 @@ class WriterLock:
                                    "a writable handle of this one is still open); wait for it to finish") from None
         self._fd = fd
         self._finalizer = weakref.finalize(self, os.close, fd)
-        remove_dead_temporaries(self.path.parent)
+        remove_dead_leftovers(self.path.parent)  # the folder is ours alone now
 
     def release(self) -> None:
         if self._fd is not None:

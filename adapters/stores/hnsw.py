@@ -240,8 +240,8 @@ class HnswStore(VectorStore):
         self._lock = lock
         self._options = {**HNSW_DEFAULTS, **commit_meta["manifest"].get("store", {}), **options}
         self._next_label = int(commit_meta["next_label"])
-        # the checksum column as the connection _crc was read on has it (_crc_of_db)
-        self._crc, self._crc_db = "crc", None
+        # the records' checksum column as this connection sees it (NULL before row checksums)
+        self._crc = _crc_column(db)
         self._mutex = threading.RLock()  # hnswlib is not thread-safe between add and query
         self._dirty = False
         self._broken = False  # a commit failed: no more writes through this handle
@@ -592,17 +592,9 @@ class HnswStore(VectorStore):
                                    "write) read it: try again") from exc
             raise error from exc
 
-    def _crc_of_db(self) -> str:
-        """:func:`_crc_column` of the current connection, kept until the store reopens."""
-        db = self._db
-        crc = _crc_column(db) if db is not None else "crc"
-        self._crc, self._crc_db = crc, db
-        return crc
-
     def _records(self, where: str, args: Sequence[Any]) -> list[tuple[int, Record]]:
         out = []
-        crc = self._crc if self._crc_db is self._db else self._crc_of_db()
-        for r in self._sql(f"SELECT {_COLUMNS}, {crc} FROM records WHERE {where}", args):
+        for r in self._sql(f"SELECT {_COLUMNS}, {self._crc} FROM records WHERE {where}", args):
             if r[7] is not None and r[7] != _row_crc(*r[:7]):
                 raise CorruptIndexError(f"{self.folder / DB_NAME}: record {r[1]!r} fails its "
                                         "checksum: the index is damaged")
@@ -646,7 +638,7 @@ class HnswStore(VectorStore):
         db, meta, index, frozen = self._open_reader(self.folder)
         # the old connection is not closed here: another thread may be reading through it
         # (outside the mutex, as count() does); it closes when the last reference goes
-        self._db = db
+        self._db, self._crc = db, _crc_column(db)
         self._meta, self._index, self._frozen = meta, index, frozen
         self._next_label = int(meta["next_label"])
         self._filter_cache.clear()
