@@ -474,6 +474,77 @@ def test_hnswlib_opens_unchanged_files_without_the_full_check(tmp_path: Path,
     assert calls == [1]
 
 
+@pytest.mark.parametrize("record", ["as now", "of older versions"])
+def test_hnswlib_reader_follows_a_busy_writer_without_the_full_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     record: str) -> None:
+    """A reader sees a commit before its writer stamps the files in .verified.json, just after
+    it: a reader beside a busy writer checked the index in full (SQLite integrity, the graph's
+    SHA-256) at most commits, and its searches waited. It trusts a graph file that is as the
+    commit record says the writer left it; a commit record of older versions, which does not
+    say, is checked in full as before; a graph file damaged after its commit is still found."""
+    import json
+    import os
+
+    from vecplug.adapters.stores import hnsw
+    from vecplug.errors import CorruptIndexError
+    from vecplug.fsutil import json_checksum
+
+    location = tmp_path / "idx"
+    vecs = unit_vectors(40, DIM, seed=7)
+    writer = hnsw.HnswStore.create(str(location), DIM, {"dim": DIM}, {})
+    writer.upsert(records(10), vecs[:10])
+    writer.commit()
+    reader = hnsw.HnswStore.open(str(location), {})
+    full, stamp = hnsw.HnswStore._full_check, hnsw.HnswStore._write_stamp
+    calls: list[int] = []
+    seen: list[str] = []
+    monkeypatch.setattr(hnsw.HnswStore, "_full_check",
+                        staticmethod(lambda *a, **k: calls.append(1) or full(*a, **k)))
+
+    def as_older_versions_wrote_it(store: Any) -> None:
+        meta = {k: v for k, v in store._meta.items() if k != "hnsw_stat"}  # noqa: SLF001
+        meta["checksum"] = json_checksum(meta)
+        store._sql("DELETE FROM meta WHERE key = 'hnsw_stat'")  # noqa: SLF001
+        store._sql("UPDATE meta SET value = ? WHERE key = 'checksum'", (json.dumps(meta["checksum"]),))  # noqa: SLF001
+        store._sql("COMMIT")  # noqa: SLF001
+        store._sql("BEGIN")  # noqa: SLF001
+        store._meta = meta  # noqa: SLF001
+
+    def reader_first(store: Any) -> None:  # as a reader in another process does
+        if store is writer and store._db is not None:  # noqa: SLF001 - a commit's, not the close's
+            if record == "of older versions":
+                as_older_versions_wrote_it(store)
+            seen.append(reader.search(vecs[store.count() - 1], 1)[0].record.id)
+        stamp(store)
+
+    monkeypatch.setattr(hnsw.HnswStore, "_write_stamp", reader_first)
+    try:
+        for start in range(10, 30, 2):
+            writer.upsert(records(2, start=start), vecs[start:start + 2])
+            writer.commit()
+        assert seen == [f"doc/{i}.txt#0" for i in range(11, 30, 2)]  # each commit followed
+        assert len(calls) == (0 if record == "as now" else 10)
+        # damaged after its commit (and the stamp): a byte of the first vector (past the header
+        # and its links: only the SHA-256 sees it), the file's time moved as a later write moves
+        # it (within the same clock tick it might not)
+        monkeypatch.setattr(hnsw.HnswStore, "_write_stamp", stamp)
+        writer.upsert(records(2, start=30), vecs[30:32])
+        writer.commit()
+        graph = location / writer._meta["hnsw_file"]  # noqa: SLF001
+        st = graph.stat()
+        with open(graph, "r+b") as fh:
+            fh.seek(240)
+            byte = fh.read(1)[0]
+            fh.seek(240)
+            fh.write(bytes([byte ^ 0x55]))
+        os.utime(graph, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        with pytest.raises(CorruptIndexError, match="does not match the checksum of its commit"):
+            reader.search(vecs[31], 1)
+    finally:
+        reader.close()
+        writer.close()
+
+
 def test_hnswlib_reclaims_deleted_vectors(tmp_path: Path) -> None:
     """hnswlib only marks deleted vectors: a corpus replaced run after run (a dated export
     renamed daily) grew the graph by its whole size each run. A commit rebuilds it from the
@@ -562,6 +633,7 @@ def test_hnswlib_reader_reads_past_a_commit_landing_while_it_loads(tmp_path: Pat
         # the full check (which checks the graph file too) runs unless the files are as the
         # writer left them
         patch.setattr(store_cls, "_stamp_matches", staticmethod(lambda folder, stats: moment == "before hnswlib loads"))
+        patch.setattr(store_cls, "_graph_as_committed", staticmethod(lambda stats, meta: moment == "before hnswlib loads"))
         patch.setattr(store_cls, "_full_check", staticmethod(full_check))
         patch.setattr(hnsw, "check_graph_file", check_graph_file)
         try:

@@ -10,7 +10,8 @@ Folder layout::
 
 The commit point is the SQLite transaction: a commit first writes the new graph to a
 new ``vectors-<gen>.hnsw`` file (temporary name, fsync, rename), then commits the
-records together with the meta row naming that file, its size and checksum. A crash
+records together with the meta row naming that file, its checksum, and its size, time and
+inode as the writer left it (``hnsw_stat``). A crash
 before the SQLite commit leaves the previous generation intact (the orphan graph file is
 removed by the next writer); hnswlib's own ``save_index`` overwrites in place, so it never
 writes to a committed file. hnswlib files record neither dimension nor space: both are in
@@ -25,6 +26,12 @@ size or time differs from what vecplug last wrote or checked is verified in full
 (SHA-256 of the graph against the commit record, before hnswlib, which crashes on
 damaged input, ever reads it; SQLite's ``integrity_check``). :func:`verify` checks
 everything regardless of the cache.
+
+A reader following the writer to a new generation cannot wait for ``.verified.json``: the
+writer stamps it after the commit, which the reader sees first. It takes the database's
+changes as SQLite's own (its connection saw them committed) and the graph file as written
+when it is exactly as ``hnsw_stat`` recorded; otherwise, and for commit records made before
+``hnsw_stat``, it checks in full as an open does.
 """
 from __future__ import annotations
 
@@ -410,8 +417,10 @@ class HnswStore(VectorStore):
             raise
 
     @classmethod
-    def _load_current(cls, folder: Path, db: sqlite3.Connection) -> tuple[dict[str, Any], Any]:
-        """The last commit's record and its checked, loaded graph.
+    def _load_current(cls, folder: Path, db: sqlite3.Connection,
+                      following: bool = False) -> tuple[dict[str, Any], Any]:
+        """The last commit's record and its checked, loaded graph (``following``: see
+        :meth:`_checked_graph`).
 
         The record and the rows are read in one transaction: read one statement at a time, a
         writer's commit between them made the row count disagree with the record. The graph
@@ -423,7 +432,7 @@ class HnswStore(VectorStore):
             try:
                 meta = cls._read_meta(db, folder / DB_NAME)
                 try:
-                    return meta, cls._checked_graph(folder, db, meta)
+                    return meta, cls._checked_graph(folder, db, meta, following)
                 except (FileNotFoundError, CorruptIndexError) as exc:
                     failure: Exception = exc
             finally:
@@ -459,14 +468,17 @@ class HnswStore(VectorStore):
         return meta
 
     @classmethod
-    def _checked_graph(cls, folder: Path, db: sqlite3.Connection, meta: dict[str, Any]) -> Any:
+    def _checked_graph(cls, folder: Path, db: sqlite3.Connection, meta: dict[str, Any],
+                       following: bool = False) -> Any:
         """Check the files against the commit record (in full unless unchanged since vecplug last
-        wrote or checked them), then load the graph. FileNotFoundError: the graph file is gone."""
+        wrote or checked them), then load the graph. FileNotFoundError: the graph file is gone.
+        ``following``: ``db`` is a reader's connection that saw this commit land (see
+        :meth:`_graph_as_committed`)."""
         names = [DB_NAME, DB_NAME + "-wal"] + ([meta["hnsw_file"]] if meta["hnsw_file"] else [])
         stats = _file_stats(folder, names)
         if meta["hnsw_file"] and stats[meta["hnsw_file"]] is None:
             raise FileNotFoundError(meta["hnsw_file"])
-        if not cls._stamp_matches(folder, stats):
+        if not (following and cls._graph_as_committed(stats, meta)) and not cls._stamp_matches(folder, stats):
             problems = cls._full_check(folder, db, meta)
             if problems:
                 raise CorruptIndexError(f"the index at {folder} is damaged: {problems[0]}")
@@ -499,6 +511,21 @@ class HnswStore(VectorStore):
                 if row[7] is not None and row[7] != _row_crc(*row[:7]):
                     problems.append(f"{DB_NAME}: record {row[1]!r} fails its checksum")
         return problems
+
+    @staticmethod
+    def _graph_as_committed(stats: dict[str, list[int] | None], meta: dict[str, Any]) -> bool:
+        """Whether the graph file is exactly as the writer left it when it committed ``meta``
+        (size, time and inode as recorded in the commit record, beside its SHA-256): written,
+        its layout walked and hashed by the writer, not touched since.
+
+        A reader following the writer relies on this instead of ``.verified.json``, which the
+        writer stamps only after the commit the reader sees first (a reader of a busy writer
+        checked the whole index at most commits). The database needs no stamp there: the
+        reader's own connection saw its changes committed through SQLite, and it had checked
+        the database (or found it stamped) when it opened. Commit records of versions before
+        ``hnsw_stat`` have none: the stamp decides, as before."""
+        graph, recorded = meta["hnsw_file"], meta.get("hnsw_stat")
+        return graph is not None and recorded is not None and stats.get(graph) == recorded
 
     @staticmethod
     def _stamp_matches(folder: Path, stats: dict[str, list[int] | None]) -> bool:
@@ -659,7 +686,7 @@ class HnswStore(VectorStore):
             if meta["generation"] == self._meta["generation"]:  # same records, same graph file
                 self._meta = meta
                 return
-            meta, index = self._load_current(self.folder, self._db)
+            meta, index = self._load_current(self.folder, self._db, following=True)
         except sqlite3.Error as exc:
             raise _sqlite_error(exc, self.folder / DB_NAME) from exc
         self._meta, self._index = meta, index
@@ -1012,7 +1039,11 @@ class HnswStore(VectorStore):
                         raise StorageError(f"cannot write {tmp}: {exc}; the last commit is intact") from exc
                     finally:
                         tmp.unlink(missing_ok=True)
-                    meta.update(generation=gen, hnsw_file=name, hnsw_size=written.stat().st_size,
+                    # the file as it stays (a rename keeps its time and inode): a reader that
+                    # follows this commit trusts a graph file that still matches (_graph_as_committed)
+                    st = written.stat()
+                    meta.update(generation=gen, hnsw_file=name, hnsw_size=st.st_size,
+                                hnsw_stat=[st.st_size, st.st_mtime_ns, st.st_ino],
                                 hnsw_sha256=file_sha256(written), capacity=self._index.get_max_elements())
                 meta["next_label"] = self._next_label
                 meta["count"] = self.count()
