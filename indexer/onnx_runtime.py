@@ -141,13 +141,28 @@ def calibration_texts() -> list[str]:
 
 #: an export's temporary folder, named by its process: ``.export-<pid>-<random>``
 EXPORT_FOLDER = re.compile(r"\.export-([0-9]+)-.+")
+#: an export's folder as named before exports carried their process (``tempfile``'s 8 characters)
+OLD_EXPORT_FOLDER = re.compile(r"\.export-[a-z0-9_]{8}")
+#: an old-style folder untouched this long is a killed export's: none takes an hour
+OLD_EXPORT_AGE = 24 * 3600.0
 
 
 def remove_dead_exports(folder: Path) -> None:
-    """Remove the temporary folders of exports whose process is gone."""
+    """Remove the temporary folders of exports whose process is gone, and those named before
+    exports carried their process once they are a day old."""
+    import shutil
+    import time
+
     from vecplug.fsutil import remove_dead_leftovers
 
     remove_dead_leftovers(folder, EXPORT_FOLDER)
+    for old in folder.glob(".export-*"):
+        try:
+            if (OLD_EXPORT_FOLDER.fullmatch(old.name) and old.is_dir() and not old.is_symlink()
+                    and time.time() - old.stat().st_mtime > OLD_EXPORT_AGE):
+                shutil.rmtree(old)
+        except OSError:
+            pass  # another cleaner's, or not ours to remove: it stays
 
 
 def build_graph(model: Any, path: Path, quantize: str | None, calibration: Feeds | None = None) -> Path:

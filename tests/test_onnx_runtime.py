@@ -479,6 +479,7 @@ def test_a_killed_exports_folder_is_removed(tmp_path: Path) -> None:
     folder of partial graphs in the cache for good; a live process's export is left alone."""
     import os
     import subprocess
+    import time
 
     from vecplug.indexer.onnx_runtime import remove_dead_exports
 
@@ -488,7 +489,14 @@ def test_a_killed_exports_folder_is_removed(tmp_path: Path) -> None:
     for folder in (dead, alive):
         folder.mkdir()
         (folder / "fused.onnx").write_bytes(b"partial")
-    old_style = tmp_path / ".export-xyz"  # named before exports carried their process
-    old_style.mkdir()
+    # named before exports carried their process: a day-old one is a killed export's, a
+    # fresh one may be a live export of an older vecplug
+    old_style, fresh_old_style = tmp_path / ".export-x1y2z3_q", tmp_path / ".export-a1b2c3d4"
+    for folder in (old_style, fresh_old_style):
+        folder.mkdir()
+        (folder / "fused.onnx").write_bytes(b"partial")
+    day_ago = time.time() - 2 * 24 * 3600
+    os.utime(old_style, (day_ago, day_ago))
     remove_dead_exports(tmp_path)
-    assert not dead.exists() and alive.exists() and old_style.exists()
+    assert not dead.exists() and alive.exists()
+    assert not old_style.exists() and fresh_old_style.exists()
