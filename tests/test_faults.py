@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import FakeEncoder
+from conftest import FakeEncoder, server_options
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "_fault_worker.py")
@@ -943,6 +943,90 @@ def test_statistics_that_miss_points_a_server_run_wrote_are_fitted_again(tmp_pat
     assert LanguageStats.from_manifest(store.manifest).counts == {"en": 24}  # and recorded
     store.close()
     assert not reader.writer_running()  # the lease given back
+
+
+@pytest.mark.parametrize("killed", ["before its commit", "after a checkpoint", "pruning"])
+def test_statistics_of_points_a_killed_server_run_overwrote_are_fitted_again(killed: str) -> None:
+    """A run on a Qdrant server killed after it overwrote points (documents changed: same ids,
+    new vectors), or removed as many as it added, but before its commit left statistics of the
+    old vectors with the count of the new: the count agreed, nothing fitted them again, and
+    the bias correction subtracted wrong means for good. A writer marks its commit before the
+    first write after it; the next open finds the mark and fits the statistics to the points
+    (a reader once no writer holds the lease, as for a count that differs), and a writer
+    commits them, which clears the mark."""
+    import dataclasses
+
+    import vecplug
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import Record
+    from vecplug.api import Index
+    from vecplug.indexer import pipeline
+    from vecplug.types import Document
+
+    options, cls = server_options(), get_store_class("qdrant")
+    store = cls.create("client://", 16, {"dim": 16}, options)
+    docs = [Document(f"d{i}", f"word{i} shared river", "s.txt", i, "en" if i % 3 else "de") for i in range(40)]
+    pipeline.run(docs, FakeEncoder(16), store, Record.from_document, None, batch_size=10, progress=False,
+                 stats=LanguageStats(16))
+    committed = LanguageStats.from_manifest(store.manifest)
+    edited = [dataclasses.replace(d, text=f"edited {d.text} {d.lang} lake") for d in docs]
+    upsert, commit, calls = store.upsert, store.commit, []
+
+    def killed_at_commit(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # as if killed there: the commit never reaches the server
+
+    def killed_after_a_write(records: Any, vectors: Any) -> None:
+        calls.append(1)
+        upsert(records, vectors)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    documents, commit_every, prune = edited, 4096, False
+    if killed == "after a checkpoint":  # batches 1 and 2 committed with their statistics, 3 not
+        store.upsert = killed_after_a_write  # type: ignore[method-assign]
+        commit_every = 20
+    else:
+        store.commit = killed_at_commit  # type: ignore[method-assign]
+        if killed == "pruning":  # d0 removed, d40 added: no document overwritten
+            documents, prune = docs[1:] + [Document("d40", "word40 new lake", "s.txt", 40, "de")], True
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(documents, FakeEncoder(16), store, Record.from_document, None, batch_size=10,
+                     commit_every=commit_every, progress=False, stats=LanguageStats.from_manifest(store.manifest),
+                     prune=prune)
+    store.upsert, store.commit = upsert, commit  # type: ignore[method-assign]
+    assert store.count() == 40  # the count agrees with the statistics
+    stale = LanguageStats.from_manifest(store.manifest)
+    fitted = LanguageStats.fit(store)
+    assert not all(np.allclose(stale.means().of(lang), mean, atol=1e-4)
+                   for lang, mean in fitted.means().by_lang.items())  # the bias correction's means are off
+    if killed != "after a checkpoint":
+        assert stale.to_manifest() == committed.to_manifest()  # nothing of the run committed
+
+    def assert_fitted(means: Any) -> None:
+        assert sorted(means.by_lang) == sorted(fitted.means().by_lang)
+        for lang, mean in fitted.means().by_lang.items():
+            np.testing.assert_allclose(means.by_lang[lang], mean, atol=1e-5)
+
+    settings = vecplug.load_settings()
+    # while the killed writer's lease holds, its points are a live run's uncounted batch
+    reader = cls.open("client://", options)
+    assert reader.writer_running()
+    np.testing.assert_allclose(Index(settings, reader, False).language_means().by_lang["en"],
+                               stale.means().by_lang["en"], atol=1e-6)
+    reader.close()
+    store.close()  # the lease lapses (given back here)
+    reader = cls.open("client://", options)
+    assert_fitted(Index(settings, reader, False).language_means())  # fitted, not committed
+    assert LanguageStats.from_manifest(reader.manifest).to_manifest() == stale.to_manifest()
+    reader.close()
+    writer = Index(settings, cls.open("client://", options, writable=True), True)
+    assert_fitted(writer.language_means())
+    assert_fitted(LanguageStats.from_manifest(writer.store.manifest).means())  # and committed
+    assert not writer.store.uncommitted_writes()
+    writer.close()
+    reader = cls.open("client://", options)
+    assert not reader.uncommitted_writes()  # readers now take the committed statistics as they are
+    reader.close()
 
 
 def _lang_index_calls(client: Any) -> list[str]:

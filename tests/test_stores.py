@@ -1036,6 +1036,39 @@ def test_commit_token_follows_the_writer(target: tuple[type, str, dict[str, Any]
             reader.close()
 
 
+def test_writes_after_a_commit_are_marked_where_they_go_through(target: tuple[type, str, dict[str, Any]],
+                                                                 tmp_path: Path) -> None:
+    """A store that writes through (a Qdrant server) marks its commit before the first write
+    after it, an upsert or a delete, and the next commit clears the mark: what a run killed
+    in between leaves for the next open to see (readers too), whatever the count. A store
+    that stages its writes never marks anything (its commit is atomic: no cost)."""
+    vecs = unit_vectors(12, DIM, seed=13)
+    with committed(target, vecs[:10]) as writer:
+        manifest = writer.manifest
+        assert not writer.uncommitted_writes()
+        writer.upsert(records(1), vecs[10:11])  # an overwrite: the count stays
+        assert writer.uncommitted_writes() is writer.writes_through
+        assert writer.manifest == manifest  # the mark is no new manifest
+        reader = _reader(target, tmp_path)
+        try:
+            assert reader.uncommitted_writes() is writer.writes_through and reader.manifest == manifest
+        finally:
+            reader.close()
+        writer.commit({"note": "counted"})
+        assert not writer.uncommitted_writes()
+        writer.delete([records(1)[0].id])
+        assert writer.uncommitted_writes() is writer.writes_through
+        writer.commit()
+        writer.upsert([], np.zeros((0, DIM), np.float32))
+        writer.delete([])
+        assert not writer.uncommitted_writes()  # nothing written: nothing marked
+    reader = _reader(target, tmp_path)
+    try:
+        assert not reader.uncommitted_writes() and reader.manifest["note"] == "counted"
+    finally:
+        reader.close()
+
+
 def test_vectors_of_removed_documents_are_left_out(target: tuple[type, str, dict[str, Any]],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Ids found by an earlier read may be gone at the next (a commit removed them): reading

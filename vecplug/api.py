@@ -467,13 +467,17 @@ class Index:
             # documents would be pruned (it stays another folder, as before)
             if Path(old_base).is_relative_to(source_root) and not any(p.startswith(".") and p not in (".", "..")
                                                                       for p in inside):
+                # read before the renames (which keep vectors and languages: the statistics
+                # stay): after them, a server's mark of uncommitted writes would have them
+                # fitted again from every stored vector
+                stats = self.language_stats
                 self._rebase(source_root, os.path.relpath(old_base, source_root))
                 # committed at once with the folder that names them: a run that fails or is
                 # interrupted later leaves renamed documents under the root that names them
                 from vecplug.indexer.pipeline import stamped
 
                 self.store.commit(stamped({"vecplug_version": __version__, **manifest, "source_root": source_root,
-                                           "source_kind": kind}, self.language_stats))
+                                           "source_kind": kind}, stats))
                 first = True
         if first:
             manifest["source_root"], manifest["source_kind"] = source_root, kind
@@ -725,17 +729,20 @@ class Index:
     def language_stats(self) -> Any:
         """Per-language sums of document vectors (from the manifest; recomputed from the stored
         vectors when it has none, an index written before vecplug kept them, or when a store
-        that writes through (a Qdrant server: ``VectorStore.writes_through``) holds other
-        documents than they count: a run killed in the middle of a batch left points its
-        statistics never took in; not while another process writes: its points are counted at
-        its next commit, and every reader would read every vector meanwhile)."""
+        that writes through (a Qdrant server: ``VectorStore.writes_through``) may hold other
+        points than they describe: a run killed between its writes and their commit left
+        points its statistics never took in (their count differs), or overwrote documents
+        (the count agrees; the mark of ``VectorStore.uncommitted_writes`` tells); not while
+        another process writes: its points are counted at its next commit, and every reader
+        would read every vector meanwhile). A writer commits the statistics it fitted."""
         stats = self._stats  # one read: another thread's language_means may reset it
         if stats is None:
             from vecplug.adapters.bias import LanguageStats
 
             stats = LanguageStats.from_manifest(self.manifest)
             if stats is None or (self.store.writes_through
-                                 and sum(stats.counts.values()) != self.store.count()
+                                 and (self.store.uncommitted_writes()  # first: no round trip
+                                      or sum(stats.counts.values()) != self.store.count())
                                  and (self.writable or not self.store.writer_running())):
                 stats = LanguageStats.fit(self.store)
                 if self.writable:

@@ -136,7 +136,8 @@ class VectorStore(ABC):
     name: ClassVar[str]
     #: True when writes reach the index as they are made, not at :meth:`commit` (a Qdrant
     #: server): a run killed between a write and its commit can leave points the manifest's
-    #: language statistics never took in, so an Index checks them against :meth:`count`
+    #: language statistics never took in, or took in with other vectors, so an Index fits
+    #: them again when :meth:`uncommitted_writes` says so, or when :meth:`count` disagrees
     writes_through: bool = False
 
     @classmethod
@@ -176,6 +177,16 @@ class VectorStore(ABC):
         :attr:`writes_through` stores): its written points are counted at its next commit, so
         a reader meanwhile finds more points than the manifest counts and must not take that
         for the remains of a killed run."""
+        return False
+
+    def uncommitted_writes(self) -> bool:
+        """Whether a writer may have written to this index since its last commit (only for
+        :attr:`writes_through` stores, which mark the commit before the first write after it
+        and clear the mark at the next commit). Found while no writer runs
+        (:meth:`writer_running`), the mark is a killed run's: the points may differ from what
+        the manifest describes even where their count agrees (documents overwritten), and
+        statistics kept of them are fitted again before they are used or committed. This
+        default: never."""
         return False
 
     def commit_token(self) -> Any:

@@ -21,9 +21,14 @@ mode (``QdrantClient(path=...)``), measured with 0.9 vs 1.20, 10k x 384 vectors,
 Server mode: writes go straight to the collection (``wait=True``), so this store sees them at
 once and :meth:`QdrantStore.commit` only replaces the manifest. A server cannot apply a batch
 atomically across points: a client that dies mid-run leaves the writes it made (part of a
-batch, writes after the last commit) in the collection, under the previous manifest. A reader
-sees points as they are written, and reads the manifest again (a round trip carrying the
-language statistics) at most every :data:`SERVER_FOLLOW` seconds. One writer at a time: a
+batch, writes after the last commit) in the collection, under the previous manifest. So
+before its first write after each commit a writer marks the manifest entry ``uncommitted``
+(saved as a commit of the same manifest), and its next commit clears the mark: an open that
+finds it knows that the points may differ from what the manifest's language statistics
+describe even where their count agrees (documents overwritten), and ``Index.language_stats``
+fits the statistics to the points again (a reader only when no writer holds the lease). A
+reader sees points as they are written, and reads the manifest again (a round trip carrying
+the language statistics) at most every :data:`SERVER_FOLLOW` seconds. One writer at a time: a
 writer takes a lease on the collection when it opens it (or makes it), renews it as it writes
 and gives it back at close (:mod:`.qdrant_lease`: a point in ``<collection>-vecplug-writer``,
 changed by conditional upserts; a second writer gets IndexLockedError naming the first; a
@@ -198,6 +203,9 @@ from vecplug.fsutil import atomic_write_bytes, storage_error
 
 __all__ = ["QdrantStore", "REDO"]
 META_KEY = "vecplug"
+#: key of a server collection's manifest entry set from before a writer's first write after a
+#: commit until its next commit (:meth:`QdrantStore.uncommitted_writes`)
+UNCOMMITTED = "uncommitted"
 #: seconds between two reads of a server collection's manifest by a reader (it follows a
 #: writer's commits, the language statistics of the bias correction with them)
 SERVER_FOLLOW = 1.0
@@ -630,6 +638,25 @@ class QdrantStore(VectorStore):
             return False
         return self._lease is not None or lease_held(b.client, b.name, b._call)
 
+    def uncommitted_writes(self) -> bool:
+        """A server collection's manifest entry marked by a writer before its first write after
+        a commit, and not cleared by a commit since (:meth:`_mark_writes`): as this store last
+        read it (a reader: at most :data:`SERVER_FOLLOW` seconds ago)."""
+        return bool(self._meta.get(UNCOMMITTED))
+
+    def _mark_writes(self, b: _Server | _Edge) -> None:
+        """Before a server writer's first write after its open or its last commit, mark the
+        manifest entry ``uncommitted`` (saved like a commit, with the same manifest). The points
+        written from here on may differ from what the manifest's language statistics describe
+        even where their count agrees (documents overwritten, or as many added as deleted); the
+        next commit, whose manifest describes them, clears the mark, so a writer killed before
+        it leaves the mark to the next open (``Index.language_stats`` fits the statistics to
+        the points again). One save of the manifest per commit interval; a store that stages
+        its writes needs none: its commit is atomic."""
+        if isinstance(b, _Server) and not self._meta.get(UNCOMMITTED):
+            # not a move of the commit token: the manifest, and what is derived from it, stay
+            self._meta = b.commit({**self._meta, UNCOMMITTED: True})
+
     def commit_token(self) -> int:
         """Counts the commits this store moved to: its own, a reader's copy following a
         writer's, a server reader's new manifest (read at most every :data:`SERVER_FOLLOW`
@@ -664,6 +691,8 @@ class QdrantStore(VectorStore):
             raise ValueError(f"expected vectors of shape ({len(records)}, {self._dim}), "
                              f"got {vecs.shape}")
         refuse_unstorable(records)  # the whole batch, before any of it is staged or sent
+        if records:
+            self._mark_writes(b)
         for a in range(0, len(records), _BATCH):
             chunk = records[a:a + _BATCH]
             if a and self._lease is not None:
@@ -673,6 +702,8 @@ class QdrantStore(VectorStore):
 
     def delete(self, ids: Sequence[str]) -> None:
         b = self._live(write=True)
+        if ids:
+            self._mark_writes(b)
         for a in range(0, len(ids), _BATCH):  # unknown ids are no-ops in Qdrant
             if a and self._lease is not None:
                 self._lease.keep()  # one call can outlast the lease: renewed per request
@@ -731,7 +762,9 @@ class QdrantStore(VectorStore):
     def commit(self, manifest: dict[str, Any] | None = None) -> None:
         b = self._live(write=True)
         merged = {**self._meta["manifest"], **copy.deepcopy(manifest or {})}
-        meta = {**self._meta, "manifest": merged}
+        # the caller's manifest describes every write made before it: the mark goes
+        meta = {key: value for key, value in self._meta.items() if key != UNCOMMITTED}
+        meta["manifest"] = merged
         try:  # edge: redo log, shard, then the manifest; server: the manifest
             if isinstance(b, _Edge):
                 b.commit(meta, write=atomic_write_bytes)  # tests tear the redo log through this name
