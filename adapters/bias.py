@@ -22,11 +22,14 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vecplug.adapters.stores.base import Candidate, StoreHit, hit_vectors, row_dots
+
+if TYPE_CHECKING:
+    from vecplug.adapters.consensus import Consensus
 
 UND = "und"
 #: a language's mean is shrunk towards the global mean as if it had this many extra
@@ -169,13 +172,22 @@ def rescore(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: st
 
 
 def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_lang: str | None,
-                   k: int, langs: Sequence[str], ef: int | None = None) -> list[StoreHit]:
-    """The ``k`` best documents of ``langs`` by centred cosine (see the module docstring)."""
+                   k: int, langs: Sequence[str], ef: int | None = None,
+                   consensus: "Consensus | None" = None) -> list[StoreHit]:
+    """The ``k`` best documents of ``langs`` by centred cosine (see the module docstring);
+    with ``consensus``, by its scores over the best ``consensus.depth`` of each language."""
     query = means.centre_query(vector, query_lang)
-    # candidates: only the k kept have their records read
-    pooled: list[Candidate] = store.candidates_per_language(query, k * OVERFETCH, langs, ef=ef)
+    fetch = k * OVERFETCH if consensus is None else max(k * OVERFETCH, consensus.depth)
+    # candidates: only the k kept have their records read (consensus regroups before that)
+    pooled: list[Candidate] = store.candidates_per_language(query, fetch, langs, ef=ef)
     if not pooled:
         return []
-    scores = _scores(means, vector, query_lang, np.stack([c.vector for c in pooled]), [c.lang for c in pooled])
+    lang_of = [c.lang for c in pooled]
+    centred = means.centre(np.stack([c.vector for c in pooled]), lang_of)
+    scores = row_dots(centred, query)
+    if consensus is not None:
+        if consensus.means is not means:
+            centred = consensus.means.centre(np.stack([c.vector for c in pooled]), lang_of)
+        scores = consensus.scores(scores, centred, lang_of)
     top = np.argsort(-scores, kind="stable")[:k]
     return store.hits([dataclasses.replace(pooled[i], score=float(scores[i])) for i in top])

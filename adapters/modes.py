@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vecplug.adapters.bias import UND, LanguageMeans, centred_search, rescore
+from vecplug.adapters.consensus import Consensus
 from vecplug.adapters.stores.base import StoreHit, search
 from vecplug.errors import ConfigError
 
@@ -52,13 +53,16 @@ def target_languages(mode: str, query_lang: str | None,
 
 def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode: str, depth: int,
                 langs: Sequence[str] | None = None,
-                means: LanguageMeans | None = None, ef: int | None = None) -> list[StoreHit]:
+                means: LanguageMeans | None = None, ef: int | None = None,
+                consensus: Consensus | None = None) -> list[StoreHit]:
     """The ``depth`` best candidates for a query vector under ``mode``, best first.
 
     ``means`` switches the language-bias correction on (ignored in ``mono``). In ``prefer``
     the candidates are the union of the pooled and the same-language top ``depth``, so a
     same-language document the boost would promote is never missing from them. ``ef``: the
     approximate index's search breadth for this query (None: the index's setting).
+    ``consensus`` regroups the pooled candidates by translation consensus (ignored in
+    ``mono``); ``prefer``'s same-language additions, outside the pooled best, keep their scores.
     """
     pool = target_languages(mode, query_lang, langs)
     if mode == "mono":
@@ -66,7 +70,10 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
     if means is not None:
         # the languages the means were kept for are the index's: no store round trip per query
         every = pool if pool is not None else list(means.by_lang)
-        hits = centred_search(store, means, vector, query_lang, depth, every, ef)
+        hits = centred_search(store, means, vector, query_lang, depth, every, ef, consensus)
+    elif consensus is not None:
+        hits = search(store, vector, max(depth, consensus.pooled_depth(pool)), pool, ef)  # type: ignore[arg-type]
+        hits = consensus.regroup(store, hits)[:depth]
     else:
         hits = search(store, vector, depth, pool, ef)  # type: ignore[arg-type]
     if mode == "prefer" and _known(query_lang) and (pool is None or query_lang in pool):

@@ -305,9 +305,9 @@ class ScriptedIndex:
 
     def search_batch(self, queries: list[str], k: int, *, mode: str, langs: list[str | None] | None = None,
                      target_langs: Any = None, rerank: str | None = None, rerank_depth: int | None = None,
-                     debias: bool | None = None, progress: bool = False) -> list[Any]:
+                     debias: bool | None = None, progress: bool = False, **more: Any) -> list[Any]:
         self.calls.append({"mode": mode, "k": k, "langs": langs, "rerank": rerank, "debias": debias,
-                           "rerank_depth": rerank_depth})
+                           "rerank_depth": rerank_depth, **more})
         out = []
         for text, lang in zip(queries, langs or [None] * len(queries)):
             ids = self.rankings[(mode, text)][:k]

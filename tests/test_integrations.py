@@ -199,6 +199,9 @@ def test_qdrant_client_path(tiny_model: Path, tiny_student: Path) -> None:
     assert [h.id for h in mono] == ["d2"]
     some = searcher.search("water", k=4, langs=["de", "zh"], debias=False, ef=64)
     assert sorted(h.id for h in some) == ["d1", "d3"]
+    # translation consensus through the caller's client (Qdrant's per-language candidates)
+    grouped = searcher.search("вода кипит", k=4, consensus=True)
+    assert sorted(h.id for h in grouped) == sorted(h.id for h in result)
     # user fields sit under "payload" in the points (as the README says), the language at "lang"
     points, _ = client.scroll("docs", with_payload=True, limit=10)
     assert {p.payload["lang"] for p in points} == {"en", "de", "ru", "zh"}

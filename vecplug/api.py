@@ -575,7 +575,8 @@ class Index:
     def search(self, query: str, k: int | None = None, *, mode: str | None = None,
                lang: str | None = None, langs: Sequence[str] | None = None,
                rerank: str | None = None, rerank_depth: int | None = None,
-               debias: bool | None = None, ef: int | None = None) -> SearchResult:
+               debias: bool | None = None, ef: int | None = None,
+               consensus: bool | None = None) -> SearchResult:
         """The ``k`` best documents for ``query``.
 
         ``mode``: ``xy`` (every language), ``mono`` (the query's language) or ``prefer``
@@ -583,7 +584,9 @@ class Index:
         detected); ``langs`` limits the answers to those languages; ``rerank`` names a
         second stage (``teacher``, ``fields``, ``cross-encoder:MODEL``) applied to the top
         ``rerank_depth`` candidates; ``debias`` switches the language-bias correction; ``ef``
-        sets the HNSW search breadth for this query (more exact, slower).
+        sets the HNSW search breadth for this query (more exact, slower); ``consensus``
+        switches translation consensus (pooled modes: an answer's copies in other languages
+        count for it and follow it; :mod:`vecplug.adapters.consensus`).
         Unset arguments come from the settings (and ``debias`` from the index).
         """
         if not isinstance(query, str):
@@ -593,13 +596,15 @@ class Index:
         if _undecodable(query):
             raise VecplugError("the query holds a NUL or an undecodable byte (not UTF-8?)")
         return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
-                                 rerank=rerank, rerank_depth=rerank_depth, debias=debias, ef=ef)[0]
+                                 rerank=rerank, rerank_depth=rerank_depth, debias=debias, ef=ef,
+                                 consensus=consensus)[0]
 
     def search_batch(self, queries: Sequence[str], k: int | None = None, *, mode: str | None = None,
                      langs: Sequence[str | None] | None = None,
                      target_langs: Sequence[str] | None = None, rerank: str | None = None,
                      rerank_depth: int | None = None, debias: bool | None = None,
-                     ef: int | None = None, progress: bool = False) -> list[SearchResult]:
+                     ef: int | None = None, consensus: bool | None = None,
+                     progress: bool = False) -> list[SearchResult]:
         """:meth:`search` for many queries at once (queries are encoded in batches).
 
         Here ``langs`` gives each query's language, one per query (None entries are
@@ -650,6 +655,13 @@ class Index:
         encoder, detector = self.encoder, self.detector
         encoder.query  # the query model loads on first use: load it before timing
         means = self.language_means() if debias and mode != "mono" else None
+        group = None  # translation consensus: pooled lists only (mono's share one language)
+        if (s.consensus if consensus is None else consensus) and mode != "mono":
+            from vecplug.adapters.consensus import Consensus
+
+            # partners are found among centred vectors whether or not the scores are centred
+            group = Consensus(means if means is not None else self.language_means(),
+                              s.consensus_threshold, s.consensus_depth)
         context = None
         if reranker is not None:
             from vecplug.adapters.bias import exact_scores
@@ -666,7 +678,10 @@ class Index:
         if bad.any():
             raise VecplugError("the query encoder gave a non-finite or zero vector for "
                                f"{queries[int(np.argmax(bad))]!r}")
-        candidates = [self._first_stage(v, ql, mode, depth, target, means, ef, single=len(queries) == 1)
+        # with a reranker, consensus regroups the reranker's list instead of the first stage's
+        first_group = group if reranker is None else None
+        candidates = [self._first_stage(v, ql, mode, depth, target, means, ef, first_group,
+                                        single=len(queries) == 1)
                       for v, ql in zip(vectors, qlangs)]
         boosts = [s.prefer_boost] * len(queries)
         if reranker is not None:
@@ -681,6 +696,8 @@ class Index:
                                          candidates, context)
             if mode == "prefer":  # the boost on the reranker's scale
                 boosts = [modes.boost_on_scale(s.prefer_boost, b, a) for b, a in zip(before, candidates)]
+            if group is not None:
+                candidates = [group.regroup(self.store, c) for c in candidates]
         if mode == "prefer":
             candidates = [modes.apply_preference(c, ql, b) for c, ql, b in zip(candidates, qlangs, boosts)]
         share = (time.perf_counter() - t0) / max(1, len(queries))
@@ -691,12 +708,13 @@ class Index:
                 for q, ql, c, v in zip(queries, qlangs, candidates, vectors)]
 
     def _first_stage(self, vector: Any, query_lang: str | None, mode: str, depth: int,
-                     target: list[str] | None, means: Any, ef: int | None, single: bool) -> list[Any]:
+                     target: list[str] | None, means: Any, ef: int | None, group: Any,
+                     single: bool) -> list[Any]:
         from vecplug.adapters import modes
         from vecplug.errors import ConfigError
 
         try:
-            return modes.first_stage(self.store, vector, query_lang, mode, depth, target, means, ef)
+            return modes.first_stage(self.store, vector, query_lang, mode, depth, target, means, ef, group)
         except ConfigError:
             if single:
                 raise

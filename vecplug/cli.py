@@ -149,6 +149,9 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
               help="Remove each language's mean vector before scoring [default: the index's setting].")
 @click.option("--rerank", metavar="NAME", help="Second stage: teacher, fields, cross-encoder:MODEL, none.")
 @click.option("--rerank-depth", type=int, help="Candidates the reranker rescores [default: 50].")
+@click.option("--consensus/--no-consensus", default=None,
+              help="Translation consensus (xy, prefer): an answer's copies in other languages count "
+                   "for it and follow it [default: off].")
 @click.option("--ef", type=click.IntRange(min=1),
               help="HNSW search breadth for this search (higher: more exact, slower) "
                    "[default: the index's hnsw_ef_search].")
@@ -158,14 +161,15 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
 def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, langs: str | None,
-               debias: bool | None, rerank: str | None, rerank_depth: int | None, ef: int | None,
-               int8: bool | None, as_json: bool, **common: Any) -> None:
+               debias: bool | None, rerank: str | None, rerank_depth: int | None,
+               consensus: bool | None, ef: int | None, int8: bool | None, as_json: bool,
+               **common: Any) -> None:
     """Search the index with QUERY."""
     from vecplug.api import Index
 
     settings = _settings(**common, sections={
         "search": {"k": k, "mode": mode, "lang": lang, "langs": langs, "debias": debias,
-                   "rerank": rerank, "rerank_depth": rerank_depth, "ef": ef},
+                   "rerank": rerank, "rerank_depth": rerank_depth, "consensus": consensus, "ef": ef},
         "model": {"query_quantize": None if int8 is None else "int8" if int8 else "none"}})
     with Index.open(settings) as index:
         result = index.search(query)
@@ -396,6 +400,9 @@ def models_build(name: str, force: bool) -> None:
               help="Language-bias correction: on, off, or both (a run with and one without) "
                    "[default: the index's setting].")
 @click.option("--no-debias", is_flag=True, help="Same as --debias off.")
+@click.option("--consensus", type=click.Choice(["on", "off", "both"]),
+              help="Translation consensus in pooled modes: on, off, or both (a run with and one "
+                   "without) [default: search.consensus, off].")
 @click.option("--index", "index_path", metavar="DIR",
               help="Build the index here and keep it; reused when it holds the dataset's documents "
                    "[default: a temporary folder].")
@@ -409,13 +416,14 @@ def models_build(name: str, force: bool) -> None:
 @_errors
 def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | None,
              query_encoders: tuple[str, ...], modes: tuple[str, ...], reranks: tuple[str, ...],
-             rerank_depth: int | None, debias: str | None, no_debias: bool, index_path: str | None,
+             rerank_depth: int | None, debias: str | None, no_debias: bool, consensus: str | None,
+             index_path: str | None,
              out: str | None, limit: int | None, per_query: bool, quiet: bool) -> None:
     """Score retrievers on DATASET and print a Markdown report.
 
     DATASET is xquad-r:PATH (a folder of <lang>.json), beir:PATH (corpus.jsonl, queries.jsonl,
     qrels/SPLIT.tsv) or a folder of either kind. One run per combination of --query-encoder,
-    --mode, --rerank and --debias.
+    --mode, --rerank, --debias and --consensus.
     """
     from vecplug.config import normalise_langs
     from vecplug.evaluate import evaluate, make_runs, output_folder
@@ -432,8 +440,8 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     for problem in data.problems:
         click.echo(f"{_problem_word(problem)} {problem}", err=True)
     choice = "off" if no_debias else debias
-    debias_values = {None: [None], "on": [True], "off": [False], "both": [False, True]}[choice]
-    runs = make_runs(query_encoders or [None], modes, reranks or [None], debias_values)
+    switch = {None: [None], "on": [True], "off": [False], "both": [False, True]}
+    runs = make_runs(query_encoders or [None], modes, reranks or [None], switch[choice], switch[consensus])
     log = None if quiet else (lambda message: click.echo(message, err=True))
     if out:
         output_folder(out)  # a folder that cannot be written fails now, not after the evaluation

@@ -84,7 +84,7 @@ class SearchIndex(Protocol):
                      langs: Sequence[str | None] | None = None,
                      target_langs: Sequence[str] | None = None, rerank: str | None = None,
                      rerank_depth: int | None = None, debias: bool | None = None,
-                     progress: bool = False) -> list[Any]: ...
+                     consensus: bool | None = None, progress: bool = False) -> list[Any]: ...
 
     def score_ids(self, vector: Any, ids: Sequence[str], query_lang: str | None,
                   debias: bool | None = None) -> Any: ...
@@ -99,7 +99,8 @@ class Run:
     """One retriever configuration to score.
 
     ``query_encoder`` None: the index's default; ``rerank`` None: no second stage; ``debias``
-    None: the index's setting. ``label`` names the run in the report (unique per mode).
+    None: the index's setting; ``consensus`` (translation consensus) None: ``search.consensus``.
+    ``label`` names the run in the report (unique per mode).
     """
 
     label: str
@@ -107,6 +108,7 @@ class Run:
     mode: str = "xy"
     rerank: str | None = None
     debias: bool | None = None
+    consensus: bool | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -114,7 +116,7 @@ class Run:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "query_encoder": self.query_encoder, "mode": self.mode,
-                "rerank": self.rerank, "debias": self.debias}
+                "rerank": self.rerank, "debias": self.debias, "consensus": self.consensus}
 
 
 def encoder_names(query_encoders: Iterable[str | None]) -> dict[str | None, str]:
@@ -139,9 +141,9 @@ def encoder_names(query_encoders: Iterable[str | None]) -> dict[str | None, str]
 
 
 def run_label(query_encoder: str | None, rerank: str | None, debias: bool | None,
-              names: Mapping[str | None, str] | None = None) -> str:
+              names: Mapping[str | None, str] | None = None, consensus: bool | None = None) -> str:
     """A short name: the query encoder (``names[query_encoder]``, else a folder by its name),
-    then rerank and debias if set."""
+    then rerank, debias and consensus if set."""
     if names is None or query_encoder not in names:
         names = encoder_names([query_encoder])
     parts = [names[query_encoder]]
@@ -149,15 +151,18 @@ def run_label(query_encoder: str | None, rerank: str | None, debias: bool | None
         parts.append(f"rerank {rerank}")
     if debias is not None:
         parts.append("debias" if debias else "no debias")
+    if consensus is not None:
+        parts.append("consensus" if consensus else "no consensus")
     return " + ".join(parts)
 
 
 def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[str] = DEFAULT_MODES,
               reranks: Sequence[str | None] = (None,),
-              debias: Sequence[bool | None] = (None,)) -> list[Run]:
-    """Every combination of the given query encoders, modes, rerankers and debias settings,
-    mode by mode (so each mode's table lists its runs side by side); ``mono`` runs ignore
-    ``debias``."""
+              debias: Sequence[bool | None] = (None,),
+              consensus: Sequence[bool | None] = (None,)) -> list[Run]:
+    """Every combination of the given query encoders, modes, rerankers, debias and consensus
+    settings, mode by mode (so each mode's table lists its runs side by side); ``mono`` runs
+    ignore ``debias`` and ``consensus`` (neither changes a one-language ranking)."""
     def unique(values: Sequence[Any]) -> list[Any]:
         return list(dict.fromkeys(values)) or [None]
 
@@ -168,7 +173,8 @@ def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[st
             for r in unique([None if r in (None, "", "none") else r for r in reranks]):
                 # the correction never changes a mono ranking (one language, one mean): one run
                 for d in (unique(debias) if mode != "mono" else [None]):
-                    runs.append(Run(run_label(q, r, d, names), q, mode, r, d))
+                    for c in (unique(consensus) if mode != "mono" else [None]):
+                        runs.append(Run(run_label(q, r, d, names, c), q, mode, r, d, c))
     return runs
 
 
@@ -321,9 +327,11 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                 if log:
                     log(f"{run.mode}: {run.label} ({len(queries)} queries)")
                 # "none" (not None) so that a reranker named in the settings does not sneak in
+                # consensus only when the run sets it: a SearchIndex of before it needs no new argument
+                chosen = {} if run.consensus is None else {"consensus": run.consensus}
                 found = index.search_batch(texts, k, mode=run.mode, langs=given, target_langs=(),
                                            rerank=run.rerank or "none", rerank_depth=rerank_depth,
-                                           debias=run.debias, progress=progress)
+                                           debias=run.debias, progress=progress, **chosen)
                 if len(found) != len(queries):
                     raise VecplugError(f"search_batch returned {len(found)} results for {len(queries)} queries")
                 pooled = run.mode in POOLED
@@ -718,6 +726,9 @@ def render_markdown(report: EvalReport) -> str:
                                                   " (the judgements restricted to the query's language)"))
         out += ["", f"### {MODE_TITLES[mode]}", "", f"Scored with {relevance}.", ""]
         rows = [["language-bias correction", *(debias_text(r) for r in group)]]
+        if mode in POOLED and any(r.run.consensus is not None for r in group):
+            rows.append(["translation consensus", *({True: "on", False: "off", None: "search.consensus"}
+                                                     [r.run.consensus] for r in group)])
         rows += [[label, *(fmt(r.summary["overall"][key]) for r in group)] for key, label in METRICS]
         if mode in POOLED:
             rows.append([f"same-language share of top {BIAS_K}",
