@@ -183,11 +183,12 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
     if not pooled:
         return []
     lang_of = [c.lang for c in pooled]
-    centred = means.centre(np.stack([c.vector for c in pooled]), lang_of)
+    vectors = np.stack([c.vector for c in pooled])
+    centred = means.centre(vectors, lang_of)
     scores = row_dots(centred, query)
     if consensus is not None:
-        if consensus.means is not means:
-            centred = consensus.means.centre(np.stack([c.vector for c in pooled]), lang_of)
+        if consensus.means is not means:  # partners are found with the consensus's own centring
+            centred = consensus.means.centre(vectors, lang_of)
         scores = consensus.scores(scores, centred, lang_of)
     top = np.argsort(-scores, kind="stable")[:k]
     return store.hits([dataclasses.replace(pooled[i], score=float(scores[i])) for i in top])

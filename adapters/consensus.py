@@ -29,13 +29,15 @@ distinct answers, in more languages, which is what X-Y asks for and not what eve
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from vecplug.adapters.bias import UND, LanguageMeans
-from vecplug.adapters.stores.base import StoreHit, hit_vectors
+from vecplug.adapters.stores.base import Candidate, StoreHit, hit_vectors
 
 #: weights of (own score, mean over the group, best of the group); they sum to 1
 WEIGHTS = (0.2, 0.3, 0.5)
@@ -88,9 +90,20 @@ class Consensus:
         """:func:`consensus_scores` of candidates whose vectors are already centred."""
         return consensus_scores(scores, centred, langs, self.threshold)
 
-    def pooled_depth(self, langs: Sequence[str] | None) -> int:
-        """Candidates of a pooled search (no correction) over ``langs`` (None: the index's)."""
-        return self.depth * max(1, len(langs) if langs else len(self.means.by_lang))
+    def search(self, store: Any, vector: np.ndarray, k: int, langs: Sequence[str] | None,
+               ef: int | None = None) -> list[StoreHit]:
+        """The ``k`` best of a pooled search without the correction (plain cosine scores),
+        regrouped: ``depth`` candidates per language of ``langs`` (None: the index's), taken
+        from the pooled ranking, regrouped before their records are read."""
+        fetch = max(k, self.depth * max(1, len(langs) if langs else len(self.means.by_lang)))
+        pooled: list[Candidate] = store.candidates(vector, fetch, langs, ef=ef)
+        if not pooled:
+            return []
+        lang_of = [c.lang for c in pooled]
+        centred = self.means.centre(np.stack([c.vector for c in pooled]), lang_of)
+        scores = self.scores(np.asarray([c.score for c in pooled]), centred, lang_of)
+        top = np.argsort(-scores, kind="stable")[:k]
+        return store.hits([dataclasses.replace(pooled[i], score=float(scores[i])) for i in top])
 
     def regroup(self, store: object, hits: Sequence[StoreHit]) -> list[StoreHit]:
         """``hits`` (one query's candidates, best first) rescored, best first. A candidate whose

@@ -72,8 +72,7 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
         every = pool if pool is not None else list(means.by_lang)
         hits = centred_search(store, means, vector, query_lang, depth, every, ef, consensus)
     elif consensus is not None:
-        hits = search(store, vector, max(depth, consensus.pooled_depth(pool)), pool, ef)  # type: ignore[arg-type]
-        hits = consensus.regroup(store, hits)[:depth]
+        hits = consensus.search(store, vector, depth, pool, ef)
     else:
         hits = search(store, vector, depth, pool, ef)  # type: ignore[arg-type]
     if mode == "prefer" and _known(query_lang) and (pool is None or query_lang in pool):

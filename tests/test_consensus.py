@@ -130,6 +130,12 @@ def test_the_first_stage_regroups_its_scores_exactly(parallel_store) -> None:
     centred = means.centre(vecs[idx], langs)
     expect = consensus_scores(centred @ means.centre_query(q, "en"), centred, langs, 0.3)
     assert [h.score for h in hits] == pytest.approx(list(expect), abs=1e-5)
+    # without the correction: plain cosines regrouped, partners still found among centred vectors
+    raw = first_stage(store, q, "en", "xy", 18, consensus=group)
+    idx = [by_id[h.record.id] for h in raw]
+    langs = [records[i].lang for i in idx]
+    expect = consensus_scores(vecs[idx] @ q, means.centre(vecs[idx], langs), langs, 0.3)
+    assert [h.score for h in raw] == pytest.approx(list(expect), abs=1e-5)
     # regroup (the reranker path) over the same candidates and their plain centred scores agrees
     plain = [StoreHit(h.record, float(s), h.vector)
              for h, s in zip(hits, centred @ means.centre_query(q, "en"))]
