@@ -93,10 +93,10 @@ class Consensus:
     def search(self, store: Any, vector: np.ndarray, k: int, langs: Sequence[str] | None,
                ef: int | None = None) -> list[StoreHit]:
         """The ``k`` best of a pooled search without the correction (plain cosine scores),
-        regrouped: ``depth`` candidates per language of ``langs`` (None: the index's), taken
-        from the pooled ranking, regrouped before their records are read."""
-        fetch = max(k, self.depth * max(1, len(langs) if langs else len(self.means.by_lang)))
-        pooled: list[Candidate] = store.candidates(vector, fetch, langs, ef=ef)
+        regrouped: the best ``depth`` (at least ``k``) of each language of ``langs`` (None: the
+        index's), regrouped before their records are read."""
+        every = list(langs) if langs else list(self.means.by_lang)
+        pooled: list[Candidate] = store.candidates_per_language(vector, max(k, self.depth), every, ef=ef)
         if not pooled:
             return []
         lang_of = [c.lang for c in pooled]
