@@ -180,8 +180,8 @@ class SearchSettings:
     #: evidence for it and rank right behind it (:mod:`vecplug.adapters.consensus`)
     consensus: bool = False
     #: centred cosine from which two documents in different languages count as the same text
-    #: (me5-small on XQuAD-R: translation pairs 0.49 / 0.64 / 0.81 at the 10th / 50th / 90th
-    #: percentile, random pairs 0.28 at the 99th)
+    #: (me5-small on XQuAD-R: translation pairs 0.61 at the median, 0.79 at the 90th
+    #: percentile; random pairs of two languages 0.25 at the 99th: benchmarks/consensus_probe.py)
     consensus_threshold: float = 0.4
     #: candidates of each language consensus regroups (with a reranker: the reranker's list)
     consensus_depth: int = 40
