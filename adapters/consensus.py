@@ -79,8 +79,8 @@ class Consensus:
 
     ``means`` centre the documents to find partners (the language-bias correction's, whether
     or not the scores are centred); ``threshold`` is :func:`consensus_scores`'s; ``depth`` is
-    the candidates of each language the first stage regroups (without the correction, that
-    many per language of the index, pooled; with a reranker, its list instead).
+    the candidates of each language the first stage regroups (with a reranker, the reranker's
+    list is regrouped instead).
     """
 
     means: LanguageMeans
