@@ -190,5 +190,10 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
         if consensus.means is not means:  # partners are found with the consensus's own centring
             centred = consensus.means.centre(vectors, lang_of)
         scores = consensus.scores(scores, centred, lang_of)
+    return top_hits(store, pooled, scores, k)
+
+
+def top_hits(store: Any, pooled: Sequence[Candidate], scores: np.ndarray, k: int) -> list[StoreHit]:
+    """The ``k`` best of rescored candidates as hits, best first: only their records are read."""
     top = np.argsort(-scores, kind="stable")[:k]
     return store.hits([dataclasses.replace(pooled[i], score=float(scores[i])) for i in top])

@@ -30,14 +30,13 @@ asks for and not what every user wants.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.bias import UND, LanguageMeans
+from vecplug.adapters.bias import UND, LanguageMeans, top_hits
 from vecplug.adapters.stores.base import Candidate, StoreHit, hit_vectors
 
 #: weights of (own score, mean over the group, best of the group); they sum to 1
@@ -103,8 +102,7 @@ class Consensus:
         lang_of = [c.lang for c in pooled]
         centred = self.means.centre(np.stack([c.vector for c in pooled]), lang_of)
         scores = self.scores(np.asarray([c.score for c in pooled]), centred, lang_of)
-        top = np.argsort(-scores, kind="stable")[:k]
-        return store.hits([dataclasses.replace(pooled[i], score=float(scores[i])) for i in top])
+        return top_hits(store, pooled, scores, k)
 
     def regroup(self, store: object, hits: Sequence[StoreHit]) -> list[StoreHit]:
         """``hits`` (one query's candidates, best first) rescored, best first. A candidate whose
@@ -116,7 +114,7 @@ class Consensus:
         scores = np.asarray([h.score for h in hits], dtype=np.float64)
         if len(have) > 1:
             langs = [hits[i].record.lang for i in have]
-            centred = self.means.centre(np.stack([np.asarray(found[i], dtype=np.float32) for i in have]), langs)
+            centred = self.means.centre(np.stack([found[i] for i in have]), langs)  # centre() casts
             scores[have] = self.scores(scores[have], centred, langs)
         order = np.argsort(-scores, kind="stable")
         return [StoreHit(hits[i].record, float(scores[i]), hits[i].vector) for i in order]
