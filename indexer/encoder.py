@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.indexer.models import LOAD_LOCK, ModelInfo, loading, quiet_transformers, resolve_model
+from vecplug.indexer.precision import resolve_precision, to_bfloat16
 from vecplug.indexer.traced import SMALL_FORWARD_TOKENS, TRACE_AFTER
 
 # Measured on XQuAD-R with me5-small (benchmarks/lengths.py): 99.9% of questions fit in
@@ -119,14 +120,16 @@ class TextEncoder:
 
     ``quantize``: None or ``int8``; ``runtime``: ``torch`` or ``onnx``. ``int8_recipe``: which
     of ``onnx_runtime.INT8_RECIPES`` int8 means under ONNX Runtime (``int8-query`` only for an
-    encoder of queries where that recipe was measured: a student).
+    encoder of queries where that recipe was measured: a student). ``precision``: ``float32``
+    or ``bfloat16`` (``indexer.precision``), for a model run unquantised by torch; the vectors
+    returned are float32 either way.
     """
 
     @loading  # one load at a time in a process (transformers' lazy imports, ONNX export)
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  threads: int | None = None, shared_embeddings: Any = None,
                  post: Any = None, quantize: str | None = None, runtime: str = "torch",
-                 int8_recipe: str = "int8", trace: bool = True) -> None:
+                 int8_recipe: str = "int8", trace: bool = True, precision: str = "float32") -> None:
         import torch
         from transformers import AutoModel
 
@@ -160,6 +163,8 @@ class TextEncoder:
         self.model_max_length = max_tokens(info)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.quantize, self.runtime = quantize, runtime
+        #: what the model computes in (an int8 or ONNX Runtime model: float32 where it is float)
+        self.precision = precision if runtime == "torch" and quantize is None else "float32"
         #: the layers in ONNX Runtime (runtime "onnx"); the torch model then only looks up the
         #: token embeddings, from the vocabulary table it may share with a teacher or student
         self.onnx: Any = None
@@ -183,6 +188,8 @@ class TextEncoder:
             raise ConfigError(f"unknown runtime '{runtime}'; known: torch, onnx")
         elif quantize == "int8":
             self.model = self._int8_query() if int8_recipe == "int8-query" else _int8(self.model)
+        elif self.precision == "bfloat16":
+            to_bfloat16(self.model)
         self.dim = int(self.model.config.hidden_size)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
         self.tokens_seen = 0
@@ -296,6 +303,7 @@ class TextEncoder:
             hidden = self.graph(ids, mask)
         else:
             hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = hidden.float()  # bfloat16's 8-bit mantissa would round a sum of 256 tokens
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
@@ -402,7 +410,8 @@ class Encoder:
                  batch_tokens: int = DEFAULT_BATCH_TOKENS, threads: int | None = None,
                  query_quantize: str | None = "auto", document_quantize: str | None = None,
                  runtime: str = "torch", document_int8_version: int | None = None,
-                 recorded_lengths: Mapping[str, int] | None = None, trace: bool = True) -> None:
+                 recorded_lengths: Mapping[str, int] | None = None, trace: bool = True,
+                 precision: str | None = "auto") -> None:
         refuse_cross_encoder(document, "document")  # from its JSON, before any index is made
         if query is not None:
             refuse_cross_encoder(query, "query")
@@ -411,6 +420,9 @@ class Encoder:
         self.query_quantize = _quantize_for(query_quantize, self.query_info)
         self.document_quantize = None if document_quantize in (None, "none") else document_quantize
         self.runtime = runtime
+        #: what unquantised torch models compute in: ``model.precision`` resolved for this CPU
+        #: (``auto``: bfloat16 with AMX, else float32; not bound to an index, see ``indexer.precision``)
+        self.precision = resolve_precision(precision, runtime)
         #: torch runtime: a long-lived encoder traces its model (``indexer.traced``)
         self.trace = trace
         #: documents whose text reached document_max_length, over every encode_documents call:
@@ -484,7 +496,8 @@ class Encoder:
         document = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                post=_pca_map(self.projection) if self.projection else None,
                                quantize=self.document_quantize, runtime=self.runtime,
-                               int8_recipe=self._document_recipe(), trace=self.trace)
+                               int8_recipe=self._document_recipe(), trace=self.trace,
+                               precision=self.precision)
         if self._query is not None and self._one_table():
             # the query side came first: the documents take its copy of the table (identical
             # by checksum), and their own is freed
@@ -498,7 +511,8 @@ class Encoder:
             # int8 under ONNX Runtime: the documents' recipe (the queries' one was measured
             # on a student, not on a document encoder's own queries)
             query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                                quantize=self.query_quantize, runtime=self.runtime, trace=self.trace)
+                                quantize=self.query_quantize, runtime=self.runtime, trace=self.trace,
+                                precision=self.precision)
             if self._document is not None:  # one table for both sides (quantisation leaves it)
                 query.model.get_input_embeddings().weight = self._document.model.get_input_embeddings().weight
             return query
@@ -508,7 +522,7 @@ class Encoder:
         return TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
                            post=_head_map(self.projection) if self.projection else None,
                            quantize=self.query_quantize, runtime=self.runtime,
-                           int8_recipe="int8-query", trace=self.trace)
+                           int8_recipe="int8-query", trace=self.trace, precision=self.precision)
 
     def _one_table(self) -> bool:
         """The two sides look tokens up in identical vocabulary tables: one model (quantised
@@ -572,7 +586,14 @@ class Encoder:
             "document_quantize": self.document_quantize,
             "document_int8_version": self._document_int8_version(),
             "runtime": self.runtime,
+            # informative, never checked: either precision's vectors rank alike
+            "precision": self.precision,
+            "document_precision": self.document_precision(),
         }
+
+    def document_precision(self) -> str:
+        """What documents are computed in: bfloat16 only for an unquantised torch model."""
+        return self.precision if self.runtime == "torch" and self.document_quantize is None else "float32"
 
     def _document_int8_version(self) -> int | None:
         if self.document_quantize != "int8":

@@ -170,3 +170,13 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type, str, d
     if request.param == "qdrant-embedded":
         return get_store_class("qdrant"), str(tmp_path / "idx"), {}
     return get_store_class("qdrant"), "http://localhost:6333", server_options()
+
+
+@pytest.fixture
+def float32_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.precision: auto`` as on a CPU without AMX: float32. For tests that compare
+    another runtime or quantisation with torch's float32 vectors; on a CPU with AMX, auto would
+    make the reference bfloat16 (``indexer.precision``, tested in test_precision.py)."""
+    from vecplug.indexer import precision
+
+    monkeypatch.setattr(precision, "amx_bf16", lambda: False)

@@ -77,7 +77,7 @@ def test_onnx_graph_is_built_once_for_threads_asking_at_once(tiny_model: Path,
     from vecplug.indexer.encoder import Encoder
     from vecplug.indexer.models import vecplug_home
 
-    model = Encoder.from_specs(str(tiny_model)).document.model
+    model = Encoder.from_specs(str(tiny_model), precision="float32").document.model
     builds: list[Path] = []
     build = onnx_runtime.build_graph
 

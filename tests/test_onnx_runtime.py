@@ -12,6 +12,9 @@ from vecplug.errors import ConfigError, MissingDependencyError, ModelError
 from vecplug.indexer.encoder import Encoder
 from vecplug.indexer import onnx_runtime
 
+# compared with torch's float32 vectors, whatever this CPU's ``model.precision: auto`` is
+pytestmark = pytest.mark.usefixtures("float32_torch")
+
 TEXTS = ["the quick brown fox", "wasser kocht bei hundert grad", "水在一百度沸腾",
          "el agua hierve a cien grados y el zorro salta sobre el perro perezoso"]
 

@@ -10,6 +10,9 @@ import pytest
 from vecplug.indexer import torch_int8
 from vecplug.indexer.encoder import Encoder
 
+# compared with torch's float32 vectors, whatever this CPU's ``model.precision: auto`` is
+pytestmark = pytest.mark.usefixtures("float32_torch")
+
 TEXTS = ["the quick brown fox jumps over the lazy dog", "wasser kocht bei hundert grad",
          "el agua hierve a cien grados", "быстрая коричневая лиса", "水在一百度沸腾"]
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from vecplug.errors import ConfigError
+from vecplug.indexer.precision import PRECISIONS
 from vecplug.types import lang_code
 
 MODES = ("xy", "mono", "prefer")
@@ -135,6 +136,11 @@ class ModelSettings:
     #: process) it traces its model into a TorchScript graph, kept only if it gives the eager
     #: model's output (the same vectors, less overhead: README "Speed"); false keeps it eager
     trace: bool = True
+    #: what torch computes an unquantised model in: ``float32``, ``bfloat16`` (several times
+    #: faster on a CPU with AMX, emulated and slower elsewhere; vectors within a cosine of
+    #: ~0.99998 of float32's), or ``auto``: bfloat16 where the CPU has AMX, else float32. Not
+    #: bound to an index (either precision's vectors rank alike); ONNX Runtime ignores it
+    precision: str = "auto"
 
 
 #: how a new index cuts and reads its documents (an existing index: as its manifest records)
@@ -228,6 +234,9 @@ class Settings:
         if self.model.document_quantize not in (None, "none", "int8"):
             raise ConfigError(f"model.document_quantize must be none or int8, "
                               f"not '{self.model.document_quantize}'")
+        if self.model.precision not in PRECISIONS:
+            raise ConfigError(f"model.precision must be one of {', '.join(PRECISIONS)}, "
+                              f"not '{self.model.precision}'")
         if self.model.runtime not in (None, *RUNTIMES):
             raise ConfigError(f"model.runtime must be one of {', '.join(RUNTIMES)}, not '{self.model.runtime}'")
         if self.index.url is not None and not self.index.url.lower().startswith(("http://", "https://")):

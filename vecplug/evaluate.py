@@ -696,7 +696,8 @@ def render_markdown(report: EvalReport) -> str:
              f"{rep.get('documents', 0):,} documents encoded in {rep.get('seconds', 0.0):.1f} s")
     out.append(f"- index: {ix.get('path') or 'temporary folder'}, {ix.get('documents', 0):,} documents, {built}; "
                f"document encoder {enc.get('document_encoder', '?')} "
-               f"({str(enc.get('document_encoder_checksum', ''))[:12]})")
+               f"({str(enc.get('document_encoder_checksum', ''))[:12]}"
+               + (f", computed in {enc['document_precision']}" if enc.get("document_precision") else "") + ")")
     seen: dict[str | None, str] = {}
     names = encoder_names(r.run.query_encoder for r in report.results)  # as make_runs names them
     for r in report.results:
@@ -705,7 +706,9 @@ def render_markdown(report: EvalReport) -> str:
                                          f"{r.encoder.get('query_encoder', '?')} "
                                          f"({str(r.encoder.get('query_encoder_checksum', ''))[:12]}"
                                          + (f", {r.encoder['query_quantize']} weights"
-                                            if r.encoder.get("query_quantize") else "") + ")")
+                                            if r.encoder.get("query_quantize") else
+                                            f", {r.encoder['precision']}" if r.encoder.get("precision") else "")
+                                         + ")")
     if seen:
         out.append("- query encoders: " + "; ".join(seen.values()))
     out.append(f"- each run searches all queries in one batch, top {st['k']}"
