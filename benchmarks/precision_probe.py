@@ -55,6 +55,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="questions timed one at a time, spread over the languages (default: %(default)s)")
     p.add_argument("--limit", type=int,
                    help="N sentences and N questions, spread evenly over the languages (default: all)")
+    p.add_argument("--cross-encoder", type=Path,
+                   help="also a cross-encoder reranker (a trained folder, e.g. the one of "
+                        "benchmarks/train_example.sh) in both precisions over the teacher's top candidates")
+    p.add_argument("--rerank-questions", type=int, default=100,
+                   help="questions per language the cross-encoder reranks (default: %(default)s)")
+    p.add_argument("--rerank-depth", type=int, default=20, help="candidates reranked (default: %(default)s)")
     p.add_argument("--documents-only", action="store_true",
                    help="time the documents only (no queries, no quality): for emulated bfloat16")
     p.add_argument("--json", type=Path, help="save the results as JSON here")
@@ -171,8 +177,60 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "p95_ms": percentile(times[(who, p)], 95) * 1e3, "traced": traced[(who, p)],
                 "cos_to_float32": (float(np.mean(np.sum(qvecs[(who, p)] * qvecs[(who, "float32")], axis=1)))
                                    if p != "float32" else None)} for who, p in names]
-    return {**result, "questions": len(qtexts), "latency_queries": len(sample), "quality": quality,
-            "latency": latency}
+    result = {**result, "questions": len(qtexts), "latency_queries": len(sample), "quality": quality,
+              "latency": latency}
+    if args.cross_encoder:
+        result["cross_encoder"] = _cross_encoder(args, qvecs[("teacher", "float32")], vectors["float32"],
+                                                 doc_ids, texts, qtexts, query_langs, relevant)
+    return result
+
+
+def _cross_encoder(args: argparse.Namespace, queries: np.ndarray, docs: np.ndarray, doc_ids: np.ndarray,
+                   texts: Sequence[str], qtexts: Sequence[str], query_langs: Sequence[str],
+                   relevant: Sequence[set[str]]) -> dict[str, Any]:
+    """The cross-encoder reranks the float32 teacher's top ``--rerank-depth`` (plain X-Y,
+    exact) for the first ``--rerank-questions`` questions of each language, in each precision
+    in turn query by query (``--threads`` threads, one query's pairs a call, as a search
+    reranks them): ms per query, X-Y mAP@20 of the reranked lists, and how often the two
+    precisions put the same candidate first."""
+    import torch
+
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+    from vecplug.metrics import average_precision_at_k
+
+    torch.set_num_threads(args.threads)
+    rerankers = {p: CrossEncoderReranker(str(args.cross_encoder), precision=p, threads=args.threads)
+                 for p in PRECISIONS}
+    count: dict[str, int] = {}
+    chosen = []
+    for i, lang in enumerate(query_langs):
+        if count.get(lang, 0) < args.rerank_questions:
+            count[lang] = count.get(lang, 0) + 1
+            chosen.append(i)
+    depth = args.rerank_depth
+    top = np.argsort(-(queries[chosen] @ docs.T), axis=1)[:, :depth]
+    for reranker in rerankers.values():  # untimed warm-up: weights load, first batches plan
+        reranker.score_pairs([(qtexts[chosen[0]], texts[j]) for j in top[0]])
+    seconds = dict.fromkeys(PRECISIONS, 0.0)
+    aps: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    first_stage, same_first = [], 0
+    for row, i in enumerate(chosen):
+        pairs = [(qtexts[i], texts[j]) for j in top[row]]
+        firsts = {}
+        for p in PRECISIONS[row % 2:] + PRECISIONS[:row % 2]:
+            t0 = time.perf_counter()
+            scores = rerankers[p].score_pairs(pairs)
+            seconds[p] += time.perf_counter() - t0
+            ranked = [str(doc_ids[top[row][j]]) for j in np.argsort(-scores, kind="stable")]
+            aps[p].append(average_precision_at_k(ranked, relevant[i], 20))
+            firsts[p] = ranked[0]
+        first_stage.append(average_precision_at_k([str(doc_ids[j]) for j in top[row]], relevant[i], 20))
+        same_first += firsts["float32"] == firsts["bfloat16"]
+    return {"model": str(args.cross_encoder), "questions": len(chosen), "depth": depth,
+            "first_stage_xy_map20": float(np.mean(first_stage)),
+            "rows": {p: {"ms_per_query": seconds[p] / len(chosen) * 1e3, "xy_map20": float(np.mean(aps[p]))}
+                     for p in PRECISIONS},
+            "same_first": same_first / len(chosen)}
 
 
 def render(r: dict[str, Any]) -> str:
@@ -208,6 +266,17 @@ def render(r: dict[str, Any]) -> str:
                  ("float32", "student int8"), ("bfloat16", "student int8")))]
     lat = [(x["queries"], f"{x['p50_ms']:.2f}", f"{x['p95_ms']:.2f}", "yes" if x["traced"] else "no",
             "-" if x["cos_to_float32"] is None else f"{x['cos_to_float32']:.5f}") for x in r["latency"]]
+    ce = r.get("cross_encoder")
+    if ce:
+        out_ce = [f"### Cross-encoder reranker ({ce['model']}; the float32 teacher's top {ce['depth']}, "
+                  f"{ce['questions']} questions, {r['threads']} threads, the precisions in turn query by query)", "",
+                  markdown_table(["precision", "ms per query", "X-Y mAP@20 reranked"],
+                                 [(p, f"{x['ms_per_query']:.1f}", f"{x['xy_map20']:.4f}")
+                                  for p, x in ce["rows"].items()]), "",
+                  f"First stage alone: X-Y mAP@20 {ce['first_stage_xy_map20']:.4f}. The two precisions put the same "
+                  f"candidate first for {ce['same_first']:.1%} of the questions.", ""]
+    else:
+        out_ce = []
     return "\n".join(out + [
         "### Quality (exact search; the correction uses each document set's own language means)", "",
         markdown_table(["documents", "queries", "X-Y mAP@20", "with the correction", "mono MRR@10"], quality), "",
@@ -215,7 +284,7 @@ def render(r: dict[str, Any]) -> str:
         f"### One query at a time (1 thread, {r['latency_queries']} questions, encoders in turn on each; "
         "encode only, tokenising included)", "",
         markdown_table(["query encoder", "p50 ms", "p95 ms", "traced", "cosine to its float32"], lat), "",
-    ])
+        *out_ce])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

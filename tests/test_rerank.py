@@ -29,6 +29,10 @@ from vecplug.adapters.rerank import (
 from vecplug.adapters.stores import Record, StoreHit, get_store_class
 from vecplug.errors import ConfigError, ModelError, ModelMismatchError, UnknownBackendError
 
+# scores compared with float32 logits and vectors, whatever this CPU's ``model.precision: auto``
+# is (bfloat16 with AMX); the bfloat16 cross-encoder has its own test
+pytestmark = pytest.mark.usefixtures("float32_torch")
+
 # -- a toy cross-encoder ---------------------------------------------------------------
 
 # Two topics in four languages, words of the tiny tokenizer's training text. A document is
@@ -193,6 +197,31 @@ def test_cross_encoder_puts_relevant_first(trained_ce: Path) -> None:
                                                                        no_context())[0]
     assert [h.record.id for h in alone] == [h.record.id for h in out[0]]
     np.testing.assert_allclose([h.score for h in alone], [h.score for h in out[0]], atol=1e-4)
+
+
+def test_cross_encoder_in_bfloat16_keeps_the_ranking(trained_ce: Path) -> None:
+    """``precision="bfloat16"``: the scores of the float32 model to bfloat16's precision, the
+    same order where float32's scores are not within that precision of each other."""
+    import torch
+
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+
+    rng = np.random.default_rng(7)
+    pairs = []
+    for i in range(40):
+        q = _query(rng, i % 2)
+        pairs += [(" ".join(q), _doc(rng, i % 2, q)), (" ".join(q), _doc(rng, 1 - i % 2))]
+    fp32 = CrossEncoderReranker(str(trained_ce), precision="float32")
+    bf16 = CrossEncoderReranker(str(trained_ce), precision="bfloat16")
+    a, b = fp32.score_pairs(pairs), bf16.score_pairs(pairs)
+    assert b.dtype == np.float32
+    assert np.abs(a - b).max() < 0.05 * max(1.0, float(np.abs(a).max()))
+    assert not np.array_equal(a, b)  # it did compute in bfloat16
+    assert ((a[0::2] > a[1::2]) == (b[0::2] > b[1::2])).mean() >= 0.95
+    assert bf16.describe()["precision"] == "bfloat16" and fp32.describe()["precision"] == "float32"
+    assert bf16.model.classifier.weight.dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match="unknown precision"):
+        CrossEncoderReranker(str(trained_ce), precision="half")
 
 
 def _direct_logits(folder: Path, pairs: Sequence[tuple[str, str]]) -> np.ndarray:

@@ -790,7 +790,8 @@ class Index:
             from vecplug.adapters.rerank import get_reranker
             from vecplug.indexer.models import LOAD_LOCK
 
-            options = ({"max_length": self.settings.search.rerank_max_length}
+            options = ({"max_length": self.settings.search.rerank_max_length,
+                        "precision": self.settings.model.precision}
                        if spec.startswith("cross-encoder") else {})
             with LOAD_LOCK:  # one reranker per spec, whichever threads ask at once
                 if spec not in self._rerankers:

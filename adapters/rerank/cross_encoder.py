@@ -26,6 +26,7 @@ from vecplug.adapters.rerank.base import Query, Reranker, RerankContext
 from vecplug.adapters.stores.base import StoreHit
 from vecplug.errors import ConfigError, ModelError
 from vecplug.indexer.models import loading, quiet_transformers
+from vecplug.indexer.precision import resolve_precision, to_bfloat16
 
 
 class CrossEncoderReranker(Reranker):
@@ -33,7 +34,9 @@ class CrossEncoderReranker(Reranker):
 
     ``model``: a local Hugging Face folder or a hub id (``org/name[@revision]``);
     ``max_length``: tokens per pair, the document side is cut first; ``batch_size``: pairs per
-    forward pass; ``threads``: torch CPU threads (None: torch's default).
+    forward pass; ``threads``: torch CPU threads (None: torch's default); ``precision``:
+    ``model.precision``'s values (``auto``: bfloat16 on a CPU with AMX, where a batch of pairs
+    runs several times faster; ``vecplug.indexer.precision``), scores returned as float32.
 
     The model folder is checked when the reranker is made (a missing folder fails at once);
     the weights load on first use or :meth:`warm_up`.
@@ -42,7 +45,7 @@ class CrossEncoderReranker(Reranker):
     name: ClassVar[str] = "cross-encoder"
 
     def __init__(self, model: str, max_length: int = 256, batch_size: int = 32,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, precision: str | None = "auto") -> None:
         if max_length < 8:
             raise ConfigError(f"cross-encoder max_length must be at least 8 tokens, got {max_length}")
         if batch_size < 1:
@@ -51,6 +54,7 @@ class CrossEncoderReranker(Reranker):
         self.max_length = int(max_length)
         self.batch_size = int(batch_size)
         self.threads = threads
+        self.precision = resolve_precision(precision)
         self.path, self.checksum = _resolve(self.spec)
         self.model: Any = None
         self.tokenizer: Any = None
@@ -92,6 +96,8 @@ class CrossEncoderReranker(Reranker):
             raise ModelError(f"cross-encoder {self.spec} has {num_labels} labels; a relevance "
                              "score is defined for 1 (the logit) or 2 (logit[1] - logit[0])")
         model = model.float().eval()  # an fp16 checkpoint: 2x slower on a CPU
+        if self.precision == "bfloat16":
+            to_bfloat16(model)
         limits = [self.max_length, position_limit(model.config.to_dict())]
         if 0 < int(getattr(tokenizer, "model_max_length", 0) or 0) < 1_000_000:  # unset: a huge int
             limits.append(int(tokenizer.model_max_length))
@@ -166,7 +172,7 @@ class CrossEncoderReranker(Reranker):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.spec, "path": str(self.path),
                 "checksum": self.checksum, "max_length": self.max_length,
-                "num_labels": self.num_labels}
+                "num_labels": self.num_labels, "precision": self.precision}
 
 
 def _looks_like_path(spec: str) -> bool:
