@@ -2,7 +2,8 @@
 
 Over one pooled XQuAD-R index (the six languages, 7,308 sentences the document encoder
 encoded; built in ``--index`` on first use), for each query encoder given (the teacher, the
-shipped student, ``NAME+int8`` for int8 weights, ``NAME+bf16`` in bfloat16 (``model.precision``;
+shipped student, ``NAME+int8`` for int8 weights, ``NAME+bf16`` in bfloat16 (``model.precision``,
+the teacher reranker's encode too; ``NAME+int8+bf16``: int8 queries, a bfloat16 teacher reranker;
 other rows are pinned to float32), ``NAME@onnx`` or ``NAME+int8@onnx`` through ONNX
 Runtime, ``model.runtime: onnx``), in-process through ``Index.search`` (the
 call ``vecplug search`` makes once its models are loaded):
@@ -43,7 +44,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("query_encoders", nargs="*", default=["me5-small", "me5-small-student-k6"],
                    help="query encoders: the teacher, students; NAME in float32, NAME+int8 with int8 weights, "
-                        "NAME+bf16 in bfloat16 (with the teacher reranker's encode), "
+                        "NAME+bf16 in bfloat16 (with the teacher reranker's encode; NAME+int8+bf16: "
+                        "int8 queries, the teacher reranker in bfloat16), "
                         "NAME@onnx or NAME+int8@onnx through ONNX Runtime "
                         "[default: me5-small me5-small-student-k6]")
     p.add_argument("--model", default="me5-small", help="document encoder (the teacher)")
@@ -144,10 +146,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     linears: dict[str, Any] = {}
     for spec in args.query_encoders:
         name_quant, _, runtime = spec.partition("@")
-        base, _, quantize = name_quant.partition("+")
+        base, *tags = name_quant.split("+")
+        unknown = set(tags) - {"int8", "bf16"}
+        if unknown:
+            raise SystemExit(f"error: {spec}: unknown suffix {', '.join(sorted(unknown))} (known: +int8, +bf16)")
         # precision pinned: ``auto`` would run the float32 rows in bfloat16 on a CPU with AMX
-        model = {"query": base, "query_quantize": "none" if quantize in ("", "bf16") else quantize,
-                 "runtime": runtime or "torch", "precision": "bfloat16" if quantize == "bf16" else "float32"}
+        model = {"query": base, "query_quantize": "int8" if "int8" in tags else "none",
+                 "runtime": runtime or "torch", "precision": "bfloat16" if "bf16" in tags else "float32"}
         # one thread for the one-at-a-time rows, then all of the run's threads (what an
         # application that leaves the default gets) for xy again and the batched run; ONNX
         # Runtime fixes its threads when a session opens, hence one opening per setting

@@ -481,7 +481,8 @@ def test_cross_encoder_training_cuts_pairs_as_the_reranker_does(tmp_path: Path, 
              ("wasser kocht", long_doc),                # a short query, in the same batch
              (" ".join(["water boils"] * 20), long_doc),  # the query alone is too long: both cut
              ("wasser kocht", "lazy dog")]              # nothing to cut
-    reranker = CrossEncoderReranker(str(folder), max_length=16)
+    # float32 as training computes, whatever this CPU's ``model.precision: auto`` is
+    reranker = CrossEncoderReranker(str(folder), max_length=16, precision="float32")
     reranker.load()
     shown = [reranker._tokenize(q, [d])[0] for q, d in pairs]
     seen: list[dict] = []
