@@ -146,7 +146,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     query_encoders[("student", "int8")] = enc["float32"]  # the int8 student is float32 whatever the setting
     qvecs = {key: e.encode_queries(qtexts, progress=False) for key, e in query_encoders.items()}
 
-    # -- latency: one question at a time, encoders in turn, after a warm-up that traces them
+    # -- latency: one question at a time, encoders in turn, after a warm-up that traces them;
+    # on one thread, set again here: a model given ``threads`` sets torch's count as it loads
+    # (the int8 student's Encoder has --threads, and its query model loaded just above)
+    torch.set_num_threads(1)
     step = max(1, len(qtexts) // args.latency_queries)
     sample = qtexts[::step][:args.latency_queries]
     names = list(query_encoders)

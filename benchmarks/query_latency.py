@@ -103,7 +103,9 @@ def linear_time(model: Any, tokens: int, reps: int = 100) -> dict[str, Any] | No
                if id(m) not in wrapped and type(getattr(m, "dynamic", m)) in (torch.nn.Linear, Int8Linear)]
     if not linears:
         return None
-    inputs = {shape.in_features: torch.randn(1, tokens, shape.in_features) for _, shape in linears}
+    # in the layers' own float type (bfloat16 under model.precision: bfloat16; int8 layers take float32)
+    dtype = next((s.weight.dtype for _, s in linears if type(s) is torch.nn.Linear), torch.float32)
+    inputs = {shape.in_features: torch.randn(1, tokens, shape.in_features, dtype=dtype) for _, shape in linears}
     flops = sum(2 * tokens * shape.in_features * shape.out_features for _, shape in linears)
 
     def passes(n: int) -> float:

@@ -14,6 +14,7 @@
 #         benchmarks/run_all.sh --report-only   (only rebuild REPORT.md from the existing *.md)
 # Env:    PYTHON (default: the repository's .venv, else python), VECPLUG_HOME (model cache),
 #         BENCH (names, default all), ANN_SIZES (default "100000 1000000"),
+#         CROSS_ENCODER (precision_probe's reranker, default models/me5-small-cross-tatoeba if present),
 #         WORK (scratch folder, default a temporary one: the pooled XQuAD-R index, ANN data).
 # Time on a 2-core machine: about 2.5 hours for everything (the 1M-vector builds are most of it).
 # Run nothing else meanwhile: two jobs on two cores slow each other down several times over, and
@@ -74,7 +75,11 @@ else
             ann_real) "$PYTHON" benchmarks/tatoeba_vectors.py --out "$WORK/tatoeba-me5-small.npy"
                       run_as ann_scale_real ann_scale --vectors "$WORK/tatoeba-me5-small.npy" \
                           --sizes 150000 --commit-every 100000 --sweep --work "$WORK/ann" ;;
-            lengths|langid|encode_speed|precision_probe|model_memory) run "$name" ;;
+            # with the cross-encoder of benchmarks/train_example.sh when it has been trained
+            precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
+                             if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
+                             else run precision_probe; fi ;;
+            lengths|langid|encode_speed|model_memory) run "$name" ;;
             *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
         esac
     done

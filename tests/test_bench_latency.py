@@ -41,6 +41,12 @@ def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny
     peaks = {name: np.ones(64, dtype=np.float32) for name in torch_int8.narrowing(recipe)}
     z = bench.linear_time(torch_int8.int8_query(recipe, peaks), tokens=7, reps=3)
     assert z["layers"] == 12 and z["int8"] == 12 and z["mflop"] == pytest.approx(x["mflop"])
+    # a model in bfloat16 (model.precision) is fed bfloat16 inputs
+    from vecplug.indexer.precision import to_bfloat16
+
+    w = bench.linear_time(to_bfloat16(AutoModel.from_pretrained(str(tiny_model), add_pooling_layer=False)),
+                          tokens=7, reps=3)
+    assert w["layers"] == 12 and w["int8"] == 0 and w["mflop"] == pytest.approx(x["mflop"])
     assert bench.linear_time(torch.nn.Sequential(torch.nn.ReLU()), tokens=7) is None
 
 
