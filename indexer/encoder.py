@@ -586,14 +586,11 @@ class Encoder:
             "document_quantize": self.document_quantize,
             "document_int8_version": self._document_int8_version(),
             "runtime": self.runtime,
-            # informative, never checked: either precision's vectors rank alike
+            # what unquantised models (the documents' always: their int8 needs ONNX Runtime,
+            # float32 here) computed in; informative, never checked: either precision's
+            # vectors rank alike
             "precision": self.precision,
-            "document_precision": self.document_precision(),
         }
-
-    def document_precision(self) -> str:
-        """What documents are computed in: bfloat16 only for an unquantised torch model."""
-        return self.precision if self.runtime == "torch" and self.document_quantize is None else "float32"
 
     def _document_int8_version(self) -> int | None:
         if self.document_quantize != "int8":

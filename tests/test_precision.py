@@ -82,8 +82,8 @@ def test_bfloat16_vectors_are_float32_and_close_and_the_table_stays_float32(tiny
     model = bf16.document.model
     assert model.get_input_embeddings().weight.dtype == torch.float32
     assert {p.dtype for n, p in model.named_parameters() if "word_embeddings" not in n} == {torch.bfloat16}
-    assert bf16.describe()["document_precision"] == "bfloat16"
-    assert fp32.describe()["document_precision"] == "float32"
+    assert bf16.describe()["precision"] == "bfloat16"
+    assert fp32.describe()["precision"] == "float32"
 
 
 def test_a_student_and_its_teacher_share_one_float32_table_in_bfloat16(tiny_model: Path,
@@ -149,7 +149,7 @@ def test_an_index_takes_documents_of_either_precision(tiny_model: Path, tmp_path
     result = runner.invoke(cli, ["index", str(corpus), *common, "--precision", "bfloat16", "--quiet"])
     assert result.exit_code == 0, result.output
     manifest = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["document_precision"] == "bfloat16"
+    assert manifest["precision"] == "bfloat16"
     (corpus / "b.txt").write_text("wasser kocht bei hundert grad\n", encoding="utf-8")
     result = runner.invoke(cli, ["index", str(corpus), *common, "--precision", "float32", "--quiet"])
     assert result.exit_code == 0, result.output

@@ -225,7 +225,7 @@ def info_cmd(as_json: bool, **common: Any) -> None:
                f"max tokens {m.get('query_max_length')} / {m.get('document_max_length')}")
     # the precision of the run that created the index (runs after it may differ: either
     # precision's vectors rank alike, so it is not checked)
-    computed = f", computed in {m['document_precision']} at creation" if m.get("document_precision") else ""
+    computed = f", computed in {m['precision']} at creation" if m.get("precision") else ""
     click.echo(f"runtime:    {m.get('runtime') or 'torch'}, document weights "
                f"{m.get('document_quantize') or 'float32'}{computed}")
     click.echo(f"language-bias correction: {'on' if m.get('debias') else 'off'} by default "

@@ -697,7 +697,7 @@ def render_markdown(report: EvalReport) -> str:
     out.append(f"- index: {ix.get('path') or 'temporary folder'}, {ix.get('documents', 0):,} documents, {built}; "
                f"document encoder {enc.get('document_encoder', '?')} "
                f"({str(enc.get('document_encoder_checksum', ''))[:12]}"
-               + (f", computed in {enc['document_precision']}" if enc.get("document_precision") else "") + ")")
+               + (f", computed in {enc['precision']}" if enc.get("precision") else "") + ")")
     seen: dict[str | None, str] = {}
     names = encoder_names(r.run.query_encoder for r in report.results)  # as make_runs names them
     for r in report.results:
