@@ -748,21 +748,23 @@ def test_a_failed_add_keeps_the_statistics_with_the_writes(tmp_path: Path, tiny_
     """A list is checked whole before anything is written; a stream that fails part-way leaves its
     finished batches staged, and the statistics that count them stay with them (they were
     dropped, so the next commit wrote 300 documents with statistics of 44)."""
+    from vecplug.indexer.pipeline import BATCH_SIZE
     from vecplug.verify import verify_index
 
     settings = _settings_at(tmp_path / "idx", tiny_model)
-    docs = [Document(f"d{i}", f"water text number {i}", "api", i, "en") for i in range(300)]
+    total, bad = BATCH_SIZE + 44, BATCH_SIZE + 24  # one batch finished before the bad item
+    docs = [Document(f"d{i}", f"water text number {i}", "api", i, "en") for i in range(total)]
     with vecplug.create_index(settings=settings) as index:
-        with pytest.raises(vecplug.VecplugError, match=r"documents\[280\] is str"):
-            index.add_documents(docs[:280] + ["oops"] + docs[280:])  # type: ignore[list-item]
+        with pytest.raises(vecplug.VecplugError, match=rf"documents\[{bad}\] is str"):
+            index.add_documents(docs[:bad] + ["oops"] + docs[bad:])  # type: ignore[list-item]
         assert index.store.count() == 0
-        with pytest.raises(vecplug.VecplugError, match=r"documents\[280\] is str"):
-            index.add_documents(d for d in docs[:280] + ["oops"] + docs[280:])  # type: ignore[misc]
-        assert index.store.count() == 256  # the finished batch committed, with its statistics
+        with pytest.raises(vecplug.VecplugError, match=rf"documents\[{bad}\] is str"):
+            index.add_documents(d for d in docs[:bad] + ["oops"] + docs[bad:])  # type: ignore[misc]
+        assert index.store.count() == BATCH_SIZE  # the finished batch committed, with its statistics
         assert index.search("water text", k=3)  # a search between: the means follow the commit
         report = index.add_documents(docs)
-        assert index.store.count() == 300 and index.language_stats.counts == {"en": 300}
-        assert report.documents + report.unchanged == 300
+        assert index.store.count() == total and index.language_stats.counts == {"en": total}
+        assert report.documents + report.unchanged == total
     report = verify_index(settings)
     assert report.ok, report.problems
 
