@@ -66,3 +66,25 @@ def measure_matmul_gflops(threads: int, size: int = 2048, repeats: int = 8) -> d
         rates.append(2.0 * size ** 3 / (time.perf_counter() - t0) / 1e9)
     return {"size": size, "repeats": repeats, "best_gflops": max(rates),
             "median_gflops": statistics.median(rates)}
+
+
+def interleaved(fns: Sequence[Callable[[str], Any]], texts: Sequence[str]) -> list[list[float]]:
+    """Seconds per call of each of ``fns`` on each text, the functions called in turn on every
+    text (the order rotated), so that the machine's drift falls on all of them alike."""
+    out: list[list[float]] = [[] for _ in fns]
+    for i, text in enumerate(texts):
+        for j in range(len(fns)):
+            k = (i + j) % len(fns)
+            t0 = time.perf_counter()
+            fns[k](text)
+            out[k].append(time.perf_counter() - t0)
+    return out
+
+
+def x_y_map(queries: Any, docs: Any, means: Any, centred_docs: Any, query_langs: Sequence[str],
+            doc_ids: Any, relevant: Sequence[set[str]]) -> list[float]:
+    """X-Y mAP@20 over the pooled documents (exact search), plain and with the language-bias
+    correction (``means``: the documents' language means; ``centred_docs``: the documents
+    centred with them)."""
+    return [exact_map_at_k(q_vecs @ d_vecs.T, doc_ids, relevant, 20)
+            for q_vecs, d_vecs in ((queries, docs), (means.centre(queries, query_langs), centred_docs))]

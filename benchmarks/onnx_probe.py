@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import exact_map_at_k, header_markdown, machine_info, markdown_table, percentile  # noqa: E402
+from bench_common import header_markdown, machine_info, markdown_table, percentile, x_y_map  # noqa: E402
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
 from vecplug.indexer.onnx_runtime import INT8_RECIPES, SMOOTH_ALPHA, SMOOTHABLE  # noqa: E402
@@ -176,13 +176,6 @@ def all_engines(fp32_model: Any, paths: dict[str, Path], threads: int) -> dict[s
     return {"torch fp32": (fp32_model, None),
             **{f"ORT {name}": (fp32_model, OnnxLayers(path, threads=threads)) for name, path in paths.items()},
             "torch int8 (the general recipe)": (_int8(copy.deepcopy(fp32_model)), None)}  # in place
-
-
-def x_y_map(queries: np.ndarray, docs: np.ndarray, means: Any, centred_docs: np.ndarray,
-            query_langs: Sequence[str], doc_ids: np.ndarray, relevant: Sequence[set[str]]) -> list[float]:
-    """X-Y mAP@20 over the pooled documents, plain and with the language-bias correction."""
-    return [exact_map_at_k(q_vecs @ d_vecs.T, doc_ids, relevant, 20)
-            for q_vecs, d_vecs in ((queries, docs), (means.centre(queries, query_langs), centred_docs))]
 
 
 def documents(args: argparse.Namespace, info: dict[str, Any], teacher: Any, queries: np.ndarray,

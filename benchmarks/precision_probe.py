@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import (  # noqa: E402
-    exact_map_at_k, header_markdown, machine_info, markdown_table, percentile, run_main)
+    exact_map_at_k, header_markdown, interleaved, machine_info, markdown_table, percentile, run_main, x_y_map)
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
 PRECISIONS = ("float32", "bfloat16")
@@ -72,9 +72,9 @@ def _scores(queries: np.ndarray, docs: np.ndarray, doc_ids: np.ndarray, relevant
             means: Any) -> dict[str, float]:
     """X-Y mAP@20 plain and corrected (``relevant``: every language's answer sentence), mono
     MRR@10 (``own``: the answer sentence in the question's language; exact search)."""
-    out = {"xy_map20": exact_map_at_k(queries @ docs.T, doc_ids, relevant, 20),
-           "xy_map20_corrected": exact_map_at_k(means.centre(queries, query_langs) @
-                                                means.centre(docs, list(doc_langs)).T, doc_ids, relevant, 20)}
+    plain, corrected = x_y_map(queries, docs, means, means.centre(docs, list(doc_langs)), query_langs,
+                               doc_ids, relevant)
+    out = {"xy_map20": plain, "xy_map20_corrected": corrected}
     langs = np.asarray(query_langs)
     mono = []
     for lang in dict.fromkeys(query_langs):
@@ -153,15 +153,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     step = max(1, len(qtexts) // args.latency_queries)
     sample = qtexts[::step][:args.latency_queries]
     names = list(query_encoders)
-    for text in sample[:20]:
-        for key in names:
-            query_encoders[key].encode_queries([text])
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in names}
-    for i, text in enumerate(sample):
-        for key in names[i % len(names):] + names[:i % len(names)]:
-            t0 = time.perf_counter()
-            query_encoders[key].encode_queries([text])
-            times[key].append(time.perf_counter() - t0)
+    one = [lambda text, e=query_encoders[key]: e.encode_queries([text]) for key in names]
+    interleaved(one, sample[:20])  # warm-up, untimed: the encoders trace their models here
+    times = dict(zip(names, interleaved(one, sample)))
     traced = {key: query_encoders[key].query.graph is not None for key in names}
 
     # -- quality of each pairing

@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import (  # noqa: E402
-    header_markdown, machine_info, markdown_table, measure_matmul_gflops, percentile, run_main)
+    header_markdown, interleaved, machine_info, markdown_table, measure_matmul_gflops, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
 
@@ -71,19 +71,6 @@ def timed(fn: Callable[[str], Any], texts: Sequence[str], warm: int = 20) -> lis
         t0 = time.perf_counter()
         fn(text)
         out.append(time.perf_counter() - t0)
-    return out
-
-
-def interleaved(fns: Sequence[Callable[[str], Any]], texts: Sequence[str]) -> list[list[float]]:
-    """Seconds per call of each of ``fns`` on each text, the functions called in turn on every
-    text (the order rotated), so that the machine's drift falls on all of them alike."""
-    out: list[list[float]] = [[] for _ in fns]
-    for i, text in enumerate(texts):
-        for j in range(len(fns)):
-            k = (i + j) % len(fns)
-            t0 = time.perf_counter()
-            fns[k](text)
-            out[k].append(time.perf_counter() - t0)
     return out
 
 
