@@ -35,14 +35,15 @@ from xquad_data import DEFAULT_DATA_DIR, parse_langs  # noqa: E402
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="me5-small", help="document encoder (default: %(default)s)")
-    p.add_argument("--precision", default="auto", help="model.precision (default: %(default)s)")
+    p.add_argument("--precision", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="model.precision (default: %(default)s)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="XQuAD-R folder (default: %(default)s)")
     p.add_argument("--langs", nargs="+", help="languages (default: all files)")
     p.add_argument("--docs", type=int, default=2048, help="texts (default: %(default)s)")
     p.add_argument("--passages", action="store_true", help="join consecutive sentences into longer passages")
     p.add_argument("--passage-tokens", type=int, default=200, help="passage size in tokens (default: %(default)s)")
     p.add_argument("--calls", type=int, nargs="+", default=[32, 256, 2048], help="texts per call")
-    p.add_argument("--overheads", type=int, nargs="+", default=[64, 256, 1024],
+    p.add_argument("--overheads", type=int, nargs="+", default=[256, 512, 1024],
                    help="the plan's fixed cost of a forward pass, in padded tokens")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)

@@ -12,7 +12,10 @@ writes them as a vecplug JSONL corpus (``{"id", "text", "lang", "source"}``), wh
 Passages are sentences (split at ``.!?`` and their CJK forms) of the descriptions' paragraphs
 and the manual pages' paragraphs (roff macros and escapes stripped), 20-400 characters (CJK:
 10-400), deduplicated. With ``--limit N`` a seeded random N of them, in the file's order:
-which sentences are kept depends only on the data and the seed.
+which sentences are kept depends only on the data and the seed. The data is the release's as
+the mirror serves it that day: a point release updates some packages and translations, so a
+run months later may keep a slightly different set (the README's run: bookworm, 2026-11-28,
+1,242,298 distinct sentences).
 
     .venv/bin/python benchmarks/debian_corpus.py --work /tmp/benchwork/debian --limit 1001000 \\
         --out /tmp/benchwork/debian-1m.jsonl
