@@ -25,7 +25,9 @@ import numpy as np
 #: The same fixed time is more tokens where a token costs less (bfloat16 on AMX). Measured with
 #: me5-small on XQuAD-R sentences by ``benchmarks/batch_plan.py`` (README "Speed", results
 #: ``batch_plan*.md``): of 256, 512 and 1,024, float32 ran fastest with 256 at every call size,
-#: bfloat16 with 512 or 1,024 (within 3% of each other)
+#: bfloat16 with 512 or 1,024 (within 3% of each other); float32's 64, 128 and 256 were within
+#: 6% of each other (64 ahead on small calls): int8 and ONNX Runtime, cheaper per token, take
+#: float32's value too, so it stays at the larger end
 FORWARD_OVERHEAD = {"float32": 256, "bfloat16": 512}
 
 
