@@ -18,6 +18,7 @@ so the machine's drift falls on all alike. Reported: docs/s (median over rounds)
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -72,8 +73,6 @@ def _plan_with(plan: Callable[..., list[list[int]]], overhead: int, lengths: Seq
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import functools
-
     from vecplug.indexer import length_batches
     from vecplug.indexer.encoder import MAX_BATCH_SIZE, Encoder
 

@@ -39,6 +39,9 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+# Debian's locale names (pt_BR, zh_TW, nb) to the codes vecplug's language detection writes
+from vecplug.types import lang_code
+
 MIRROR = "http://deb.debian.org/debian"
 RELEASE = "bookworm"
 #: i18n description files that exist for bookworm with more than a handful of entries
@@ -80,11 +83,6 @@ def fetch(url: str, path: Path) -> Path | None:
     tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
-
-
-def lang_code(name: str) -> str:
-    """Debian's locale names to the two-letter codes vecplug's language detection gives."""
-    return {"pt_BR": "pt", "pt-br": "pt", "zh_CN": "zh", "zh_TW": "zh", "nb": "no"}.get(name, name.split("_")[0])
 
 
 # --- package descriptions --------------------------------------------------------------------

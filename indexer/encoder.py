@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from vecplug.indexer import length_batches
 from vecplug.indexer.models import LOAD_LOCK, ModelInfo, loading, quiet_transformers, resolve_model
 from vecplug.indexer.precision import resolve_precision, to_bfloat16
 from vecplug.indexer.traced import SMALL_FORWARD_TOKENS, TRACE_AFTER
@@ -251,10 +252,9 @@ class TextEncoder:
         """(positions in ``ids``, padded input ids, mask) batches, int64 arrays: sorted by
         length and cut where padding costs least (``indexer.length_batches``), capped by
         padded tokens."""
-        from vecplug.indexer.length_batches import FORWARD_OVERHEAD, plan
-
-        overhead = FORWARD_OVERHEAD.get(self.precision, FORWARD_OVERHEAD["float32"])
-        for batch in plan([len(seq) for seq in ids], self.batch_tokens, MAX_BATCH_SIZE, self.dim, overhead):
+        overhead = length_batches.FORWARD_OVERHEAD[self.precision]
+        for batch in length_batches.plan([len(seq) for seq in ids], self.batch_tokens, MAX_BATCH_SIZE,
+                                         self.dim, overhead):
             longest = len(ids[batch[0]])
             input_ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
             mask = np.zeros((len(batch), longest), dtype=np.int64)
