@@ -47,7 +47,7 @@ bench: models
 
 bench-speed: models
 	$(BIN)/python -m pip install -q -e '.[bench]'
-	BENCH="encode_speed batch_plan precision_probe query_latency model_memory ann_scale" bash benchmarks/run_all.sh
+	BENCH="encode_speed batch_plan precision_probe int8_documents query_latency model_memory ann_scale" bash benchmarks/run_all.sh
 
 bench-students: models
 	bash benchmarks/students.sh

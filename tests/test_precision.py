@@ -9,7 +9,7 @@ import pytest
 
 from vecplug.errors import ConfigError
 from vecplug.indexer import precision
-from vecplug.indexer.precision import amx_bf16, resolve_precision
+from vecplug.indexer.precision import _amx_flag, amx_bf16, amx_int8, resolve_precision
 
 
 @pytest.fixture
@@ -33,12 +33,12 @@ def test_auto_is_bfloat16_only_with_amx_and_only_for_torch(cpu: dict[str, bool])
 
 
 def test_onednn_limited_below_amx_means_no_amx(monkeypatch: pytest.MonkeyPatch) -> None:
-    amx_bf16.cache_clear()
+    _amx_flag.cache_clear()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
     try:
-        assert amx_bf16() is False
+        assert amx_bf16() is False and amx_int8() is False
     finally:
-        amx_bf16.cache_clear()
+        _amx_flag.cache_clear()
 
 
 def test_amx_is_read_from_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -47,17 +47,18 @@ def test_amx_is_read_from_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
     real_open = builtins.open
     answers = {}
-    for flags in ("fpu avx512f avx512_bf16", "fpu avx512f amx_bf16 amx_tile"):
+    for flags in ("fpu avx512f avx512_bf16", "fpu avx512f amx_bf16 amx_tile",
+                  "fpu amx_bf16 amx_tile amx_int8"):
         fake = tmp_path / "cpuinfo"
         fake.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
         monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(
             fake if path == "/proc/cpuinfo" else path, *a, **k))
         monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-        amx_bf16.cache_clear()
-        answers[flags] = amx_bf16()
-    amx_bf16.cache_clear()
-    assert list(answers.values()) == [False, True]
+        _amx_flag.cache_clear()
+        answers[flags] = (amx_bf16(), amx_int8())
+    _amx_flag.cache_clear()
+    assert list(answers.values()) == [(False, False), (True, False), (True, True)]
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -94,7 +94,7 @@ def cli() -> None:
 @click.option("--debias/--no-debias", default=None,
               help="A new index searches with the language-bias correction on by default.")
 @click.option("--int8-documents", "int8_documents", is_flag=True, default=None,
-              help="Encode documents with int8 weights (with --runtime onnx; recorded in the index).")
+              help="Encode documents with int8 weights (the documents' recipe, torch or onnx; recorded in the index).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_errors
 def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: bool | None,

@@ -123,9 +123,10 @@ class ModelSettings:
     #: a student whose metadata says its quality was measured in int8 (the shipped default
     #: is), on an x86 CPU; else float32. The figures are in the README.
     query_quantize: str | None = "auto"
-    #: the document encoder's weights: ``none`` (float32) or ``int8`` (with ``runtime: onnx``
-    #: only, where it was measured: 99% of float32's X-Y mAP@20); None: the index's (recorded in
-    #: its manifest), else none
+    #: the document encoder's weights: ``none`` (float32) or ``int8`` (the documents' recipe,
+    #: under torch or ONNX Runtime: 99.1-99.8% of float32's XQuAD-R figures; torch runs its
+    #: float layers in ``precision``, ``indexer.torch_int8_documents``); None: the index's
+    #: (recorded in its manifest), else none
     document_quantize: str | None = None
     #: what runs the transformer: ``torch``, or ``onnx`` (ONNX Runtime, ``pip install
     #: 'vecplug[onnx]'``): the same float32 vectors, faster on a CPU, and its own int8 recipe;

@@ -30,10 +30,17 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+#: environment settings that change what a run measures, shown before its command when set
+#: (oneDNN's instruction-set limit makes a CPU with AMX behave like an older one)
+MEASURED_ENV = ("ONEDNN_MAX_CPU_ISA",)
+
+
 def command_line() -> str:
-    """The command exactly as typed (interpreter included)."""
+    """The command exactly as typed (interpreter included), after the :data:`MEASURED_ENV`
+    settings it ran with."""
     argv = getattr(sys, "orig_argv", None) or [Path(sys.executable).name, *sys.argv]
-    return shlex.join(argv)
+    env = [f"{k}={shlex.quote(os.environ[k])}" for k in MEASURED_ENV if os.environ.get(k)]
+    return " ".join([*env, shlex.join(argv)])
 
 
 def machine_info(command: str | None = None) -> dict[str, Any]:
