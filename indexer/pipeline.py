@@ -153,7 +153,7 @@ def run(documents: Iterable[Document], encoder: DocumentEncoder, store: Sink,
         raise ConfigError(f"the documents' language: {exc}") from None
     tokens_before = count_tokens() if count_tokens else 0  # loads the encoder: not timed
     start = time.perf_counter()
-    writer = _Writer(store, encoder, make_record, report, manifest, stats, commit_every)
+    writer = _Writer(store, encoder, make_record, report, manifest, stats, commit_every, progress=progress)
     if prune:  # the old lines of the records found at new ones are removed (or overwritten)
         writer.lines = _Lines(store, writer.seen, owns, may_own)
     bar = tqdm(desc="indexing", unit="doc", disable=not progress)
@@ -213,6 +213,9 @@ class _Writer:
     writing: bool = False
     #: where records named by their line are looked for at their old lines (pruning runs)
     lines: _Lines | None = None
+    #: the run shows progress: the encoder then shows its own bar inside each batch (its rule:
+    #: calls of 512 texts and more), since the run's moves once per batch of BATCH_SIZE
+    progress: bool = False
 
     def add(self, batch: list[Document]) -> None:
         """Encode and stage the documents of ``batch`` that are new or changed."""
@@ -273,7 +276,7 @@ class _Writer:
             return np.stack([found[d.id] for d in todo])
         t0 = time.perf_counter()
         cut_before = getattr(self.encoder, "documents_cut", 0)
-        vectors = self.encoder.encode_documents(texts, progress=False)
+        vectors = self.encoder.encode_documents(texts, progress=None if self.progress else False)
         self.report.encode_seconds += time.perf_counter() - t0
         self.report.cut += getattr(self.encoder, "documents_cut", 0) - cut_before
         if not found:

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FakeEncoder
 from vecplug.adapters.stores import Record, get_store_class
+from vecplug.types import Document
 
 DIM = 16
 
@@ -140,6 +141,28 @@ def test_each_old_line_gives_its_vector_once(tmp_path: Path) -> None:
         assert _state(store) == _clean(tmp_path, corpus)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_encoder_shows_progress_inside_a_batch_when_the_run_does(tmp_path: Path, progress: bool) -> None:
+    """The run's bar moves once per batch of BATCH_SIZE documents; within one, the encoder's
+    own bar (its default rule) shows how far it is, unless the run shows nothing (``-q``)."""
+    from vecplug.indexer import pipeline
+
+    asked: list[bool | None] = []
+
+    class Asked(FakeEncoder):
+        def encode_documents(self, texts: list[str], progress: bool | None = None) -> np.ndarray:
+            asked.append(progress)
+            return super().encode_documents(texts, progress)
+
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        documents = [Document(f"d{i}", f"words {i}", "src", i, "en") for i in range(5)]
+        pipeline.run(documents, Asked(DIM), store, Record.from_document, None, progress=progress, batch_size=2)
+    finally:
+        store.close()
+    assert asked == [None if progress else False] * 3
 
 
 def test_records_moved_further_than_the_window_are_encoded_again(
