@@ -1,13 +1,14 @@
 """torch's int8 documents (``--int8-documents``) against float32 and bfloat16: speed and XQuAD-R quality.
 
-Every XQuAD-R sentence (the pooled candidates) is encoded by the document encoder three ways,
-in ``--chunks`` chunks with the three interleaved chunk by chunk (the machine's drift falls on
+Every XQuAD-R sentence (the pooled candidates) is encoded by the document encoder several ways,
+in ``--chunks`` chunks with the sets interleaved chunk by chunk (the machine's drift falls on
 all), after an untimed warm-up: float32, bfloat16 (``model.precision: auto`` with AMX) and the
 documents' int8 recipe run by torch (``indexer.torch_int8_documents``: its float layers in
-``--int8-precision``, oneDNN's kernels where AMX is). Quality: exact X-Y mAP@20 over the pooled
-documents, plain and with the language-bias correction (each document set's own language
-means), and mono MRR@10, with the float32 teacher's queries and with the shipped student's int8
-queries (what searches use). Retention is the int8 figure over float32's: the issue's bar is 99%.
+``--int8-precision``, its weights packed for oneDNN where AMX is; ``--int8-engines fbgemm
+onednn`` makes one int8 set per kind of kernel, to compare them in one run). Quality: exact X-Y mAP@20 over the pooled documents, plain and with the language-bias
+correction (each document set's own language means), and mono MRR@10, with the float32
+teacher's queries and with the shipped student's int8 queries (what searches use). Retention
+is the int8 figure over float32's: the issue's bar is 99%.
 
     .venv/bin/python benchmarks/int8_documents.py --json benchmarks/results/int8_documents.json
 """
@@ -17,6 +18,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from unittest import mock
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,8 @@ from bench_common import header_markdown, machine_info, markdown_table, run_main
 from precision_probe import _scores  # noqa: E402
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
-SETS = ("float32", "bfloat16", "int8")
+#: the int8 weights' kernels by ``--int8-engines`` name: what the encoder asks for as it packs them
+ENGINES = {"fbgemm": lambda: None, "onednn": lambda: "onednn"}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -38,6 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--student", default="me5-small-student-k6", help="query student (default: %(default)s)")
     p.add_argument("--int8-precision", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="the int8 documents' float layers (default: %(default)s, as --int8-documents)")
+    p.add_argument("--int8-engines", nargs="+", default=["auto"], choices=("auto", "fbgemm", "onednn"),
+                   help="the kernels the int8 weights are packed for, one int8 set each (default: auto: "
+                        "oneDNN with AMX, else torch's default, FBGEMM)")
     p.add_argument("--threads", type=int, default=2, help="threads for the documents (default: %(default)s)")
     p.add_argument("--chunks", type=int, default=8, help="document chunks, interleaved (default: %(default)s)")
     p.add_argument("--limit", type=int, help="N sentences and N questions, spread over the languages (default: all)")
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from vecplug.indexer.datasets import load_xquad_r
     from vecplug.indexer.encoder import Encoder
     from vecplug.indexer.precision import amx_bf16, amx_int8
-    from vecplug.indexer.torch_int8_documents import document_engine
+    from vecplug.indexer import torch_int8_documents
 
     torch.set_num_threads(args.threads)
     data = load_xquad_r(args.data)
@@ -61,9 +67,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sentences = sentences[::max(1, len(sentences) // args.limit)][:args.limit]
         questions = questions[::max(1, len(questions) // args.limit)][:args.limit]
     enc = {"float32": Encoder.from_specs(args.model, args.student, precision="float32", threads=args.threads),
-           "bfloat16": Encoder.from_specs(args.model, args.student, precision="bfloat16", threads=args.threads),
-           "int8": Encoder.from_specs(args.model, args.student, precision=args.int8_precision,
-                                      document_quantize="int8", threads=args.threads)}
+           "bfloat16": Encoder.from_specs(args.model, args.student, precision="bfloat16", threads=args.threads)}
+    engines = {}  # int8 set -> the kernels its weights are packed for
+    for name in dict.fromkeys(args.int8_engines):
+        key = "int8" if args.int8_engines == ["auto"] else f"int8 {name}"
+        engine = ENGINES.get(name, torch_int8_documents.document_engine)
+        enc[key] = Encoder.from_specs(args.model, args.student, precision=args.int8_precision,
+                                      document_quantize="int8", threads=args.threads)
+        with mock.patch.object(torch_int8_documents, "document_engine", engine):
+            enc[key].document  # noqa: B018 (loads the model: the weights are packed now)
+        engines[key] = engine() or "torch's default (x86: FBGEMM)"
+    SETS = list(enc)
     texts = [s.text for s in sentences]
     doc_langs = np.array([s.lang for s in sentences])
     doc_ids = np.array([s.doc_id for s in sentences])
@@ -72,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for k in SETS:  # untimed warm-up (loads the model; int8 calibrates once, then caches)
         enc[k].encode_documents(texts[:32], progress=False)
     for i, chunk in enumerate(np.array_split(np.arange(len(texts)), args.chunks)):
-        for k in SETS[i % 3:] + SETS[:i % 3]:
+        for k in SETS[i % len(SETS):] + SETS[:i % len(SETS)]:
             before = enc[k].document.tokens_seen
             t0 = time.perf_counter()
             vectors[k][chunk] = enc[k].encode_documents([texts[j] for j in chunk], progress=False)
@@ -98,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             quality.append({"documents": k, "queries": who,
                             **_scores(qv, vectors[k], doc_ids, relevant, own, query_langs, doc_langs, means)})
     return {"machine": machine_info(), "amx_bf16": amx_bf16(), "amx_int8": amx_int8(),
-            "int8_engine": document_engine() or "torch's default (x86: FBGEMM)",
+            "int8_engines": engines,
             "model": args.model, "student": args.student, "threads": args.threads,
             "sentences": len(texts), "questions": len(qtexts), "documents": documents,
             "cosine_to_float32": {k: {"mean": float(c.mean()), "min": float(c.min())} for k, c in cosine.items()},
@@ -107,22 +121,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(r: dict[str, Any]) -> str:
     d = r["documents"]
+    sets = list(d)
     rows = [(k, d[k]["precision"], f"{d[k]['docs_per_s']:.1f}", f"{d[k]['tokens_per_s']:,.0f}",
              f"{d[k]['seconds']:.1f}", f"{d[k]['vs_float32']:.2f}x",
              "-" if k == "float32" else f"{r['cosine_to_float32'][k]['mean']:.5f} / {r['cosine_to_float32'][k]['min']:.4f}")
-            for k in SETS]
+            for k in sets]
     q = {(x["documents"], x["queries"]): x for x in r["quality"]}
     keys = ("xy_map20", "xy_map20_corrected", "mono_mrr10")
     quality = [(x["documents"], x["queries"], *(f"{x[k]:.4f}" for k in keys)) for x in r["quality"]]
     kept = [(f"{k} documents, {who} queries", *(f"{q[(k, who)][m] / q[('float32', who)][m]:.2%}" for m in keys))
-            for k in SETS[1:] for who in ("teacher float32", "student int8")]
+            for k in sets[1:] for who in ("teacher float32", "student int8")]
     return "\n".join([
         header_markdown("int8 documents run by torch, against float32 and bfloat16", r["machine"]), "",
-        f"- CPU has AMX int8 / bf16: {'yes' if r['amx_int8'] else 'no'} / {'yes' if r['amx_bf16'] else 'no'}; "
-        f"the int8 weights packed for: {r['int8_engine']}",
+        f"- CPU has AMX int8 / bf16: {'yes' if r['amx_int8'] else 'no'} / {'yes' if r['amx_bf16'] else 'no'}"
+        "; the int8 weights packed for: " + ", ".join(f"{k}: {e}" for k, e in r["int8_engines"].items()),
         f"- document encoder {r['model']}, query student {r['student']}; {r['sentences']:,} XQuAD-R sentences, "
         f"{r['questions']:,} questions", "",
-        f"### Documents ({r['threads']} threads, the three interleaved chunk by chunk)", "",
+        f"### Documents ({r['threads']} threads, the {len(sets)} sets interleaved chunk by chunk)", "",
         markdown_table(["documents", "float layers", "docs/s", "tokens/s", "seconds", "vs float32",
                         "cosine to float32 (mean / min)"], rows), "",
         "### Quality (exact search; the correction uses each document set's own language means)", "",

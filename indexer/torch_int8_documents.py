@@ -12,8 +12,9 @@ Version 1 (``int8-v1``): Q, K and V float too, nothing smoothed.
 What torch adds to ONNX Runtime's graph:
 
 - On a CPU with AMX (int8 tiles), the weights are packed for oneDNN's kernels, which use them;
-  torch's default x86 kernels (FBGEMM) do not. Measured on documents (README "Speed"); a single
-  query runs faster on FBGEMM, so only the documents' encoder takes oneDNN.
+  torch's default x86 kernels (FBGEMM) do not (``benchmarks/int8_documents.py --int8-engines
+  fbgemm onednn``, README "Speed"). Only the documents' encoder takes oneDNN: queries, one
+  short text at a time, keep FBGEMM, where their recipes were measured.
 - The layers left float compute in the encoder's precision: bfloat16 where AMX is
   (``model.precision: auto``), so the down-projections, attention, GELU and layer norms run
   there too, not in float32 beside int8 matrix products.
@@ -129,6 +130,7 @@ def int8_documents(model: Any, recipe: str, groups: list[list[str]], peaks: dict
 
     settings = INT8_RECIPES[recipe]
     skip = set() if settings["narrowing"] else set(narrowing(model))
+    groups = [group for group in groups if not skip & set(group)]  # a float layer is not fused in
     grouped = {name for group in groups for name in group}
     if not settings["attention"]:
         skip |= grouped

@@ -37,3 +37,25 @@ def test_tiny_run_on_the_real_model(bench: ModuleType, built_me5: Path, tmp_path
         assert abs(rows[("int8", who)]["xy_map20"] - rows[("float32", who)]["xy_map20"]) < 0.05
     text = bench.render(r)
     assert "kept, of float32 documents'" in text and "| int8 documents, student int8 queries" in text
+
+
+@pytest.mark.slow
+def test_one_int8_set_per_engine(bench: ModuleType, built_me5: Path) -> None:
+    """``--int8-engines fbgemm onednn`` packs one int8 set for each kind of kernel, on any x86
+    CPU, and leaves the library's own choice as it was for whatever runs next."""
+    if not XQUAD.is_dir():
+        pytest.skip("XQuAD-R data not available")
+    import torch
+
+    from vecplug.indexer import torch_int8_documents
+
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("torch built without oneDNN's quantised engine")
+    before = torch_int8_documents.document_engine
+    r = bench.run(bench.parse_args(["--data", str(XQUAD), "--limit", "12", "--chunks", "2",
+                                    "--int8-engines", "fbgemm", "onednn"]))
+    assert r["int8_engines"] == {"int8 fbgemm": "torch's default (x86: FBGEMM)", "int8 onednn": "onednn"}
+    assert list(r["documents"]) == ["float32", "bfloat16", "int8 fbgemm", "int8 onednn"]
+    assert torch_int8_documents.document_engine is before
+    assert min(c["min"] for k, c in r["cosine_to_float32"].items() if k.startswith("int8")) > 0.99
+    assert "| int8 onednn documents, student int8 queries" in bench.render(r)
