@@ -5,10 +5,11 @@ in ``--chunks`` chunks with the sets interleaved chunk by chunk (the machine's d
 all), after an untimed warm-up: float32, bfloat16 (``model.precision: auto`` with AMX) and the
 documents' int8 recipe run by torch (``indexer.torch_int8_documents``: its float layers in
 ``--int8-precision``, its weights packed for oneDNN where AMX is; ``--int8-engines fbgemm
-onednn`` makes one int8 set per kind of kernel, to compare them in one run). Quality: exact X-Y mAP@20 over the pooled documents, plain and with the language-bias
-correction (each document set's own language means), and mono MRR@10, with the float32
-teacher's queries and with the shipped student's int8 queries (what searches use). Retention
-is the int8 figure over float32's: the issue's bar is 99%.
+onednn`` makes one int8 set per kind of kernel, to compare them in one run). Quality: exact
+X-Y mAP@20 over the pooled documents, plain and with the language-bias correction (each
+document set's own language means), and mono MRR@10, with the float32 teacher's queries and
+with the shipped student's int8 queries (what searches use). Retention is the int8 figure over
+float32's: the issue's bar is 99%.
 
     .venv/bin/python benchmarks/int8_documents.py --json benchmarks/results/int8_documents.json
 """
@@ -18,9 +19,9 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from unittest import mock
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -55,10 +56,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from vecplug.adapters.bias import LanguageStats
+    from vecplug.indexer import torch_int8_documents
     from vecplug.indexer.datasets import load_xquad_r
     from vecplug.indexer.encoder import Encoder
     from vecplug.indexer.precision import amx_bf16, amx_int8
-    from vecplug.indexer import torch_int8_documents
 
     torch.set_num_threads(args.threads)
     data = load_xquad_r(args.data)
@@ -77,16 +78,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with mock.patch.object(torch_int8_documents, "document_engine", engine):
             enc[key].document  # noqa: B018 (loads the model: the weights are packed now)
         engines[key] = engine() or "torch's default (x86: FBGEMM)"
-    SETS = list(enc)
+    sets = list(enc)
     texts = [s.text for s in sentences]
     doc_langs = np.array([s.lang for s in sentences])
     doc_ids = np.array([s.doc_id for s in sentences])
-    vectors = {k: np.zeros((len(texts), enc[k].dim), np.float32) for k in SETS}
-    seconds, tokens = dict.fromkeys(SETS, 0.0), dict.fromkeys(SETS, 0)
-    for k in SETS:  # untimed warm-up (loads the model; int8 calibrates once, then caches)
+    vectors = {k: np.zeros((len(texts), enc[k].dim), np.float32) for k in sets}
+    seconds, tokens = dict.fromkeys(sets, 0.0), dict.fromkeys(sets, 0)
+    for k in sets:  # untimed warm-up (loads the model; int8 calibrates once, then caches)
         enc[k].encode_documents(texts[:32], progress=False)
     for i, chunk in enumerate(np.array_split(np.arange(len(texts)), args.chunks)):
-        for k in SETS[i % len(SETS):] + SETS[:i % len(SETS)]:
+        for k in sets[i % len(sets):] + sets[:i % len(sets)]:
             before = enc[k].document.tokens_seen
             t0 = time.perf_counter()
             vectors[k][chunk] = enc[k].encode_documents([texts[j] for j in chunk], progress=False)
@@ -94,8 +95,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tokens[k] += enc[k].document.tokens_seen - before
     documents = {k: {"docs_per_s": len(texts) / seconds[k], "tokens_per_s": tokens[k] / seconds[k],
                      "seconds": seconds[k], "vs_float32": seconds["float32"] / seconds[k],
-                     "precision": enc[k].document.precision} for k in SETS}
-    cosine = {k: np.sum(vectors[k] * vectors["float32"], axis=1) for k in SETS[1:]}
+                     "precision": enc[k].document.precision} for k in sets}
+    cosine = {k: np.sum(vectors[k] * vectors["float32"], axis=1) for k in sets[1:]}
 
     qtexts = [q.text for q in questions]
     query_langs = [q.lang for q in questions]
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     queries = {"teacher float32": Encoder.from_specs(args.model, precision="float32").encode_queries(qtexts),
                "student int8": enc["float32"].encode_queries(qtexts)}  # the student's int8 is float32 anywhere
     quality = []
-    for k in SETS:
+    for k in sets:
         stats = LanguageStats(vectors[k].shape[1])
         stats.add(list(doc_langs), vectors[k])
         means = stats.means()

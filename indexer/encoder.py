@@ -120,8 +120,9 @@ class TextEncoder:
     """One transformer with its tokenizer; ``encode`` returns unit vectors (float32).
 
     ``quantize``: None or ``int8``; ``runtime``: ``torch`` or ``onnx``. ``int8_recipe``: which
-    of ``onnx_runtime.INT8_RECIPES`` int8 means under ONNX Runtime (``int8-query`` only for an
-    encoder of queries where that recipe was measured: a student). ``precision``: ``float32``
+    of ``onnx_runtime.INT8_RECIPES`` int8 means under ONNX Runtime, and under torch for
+    ``documents`` (``int8-query`` only for an encoder of queries where that recipe was
+    measured: a student). ``precision``: ``float32``
     or ``bfloat16`` (``indexer.precision``), for a model run unquantised by torch, and for the
     float layers of torch's int8 documents; the vectors returned are float32 either way.
     ``documents``: this encoder embeds documents (in large batches): torch's int8 then runs

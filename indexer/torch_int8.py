@@ -202,6 +202,8 @@ def _full_range(dynamic: Any) -> Any:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             packed = self.dynamic._packed_params._packed_params
-            return torch.ops.quantized.linear_dynamic(x.float(), packed, reduce_range=False).to(x.dtype)
+            # the cast only where needed: a float32 model's traced graph records no extra step
+            x32 = x if x.dtype == torch.float32 else x.float()
+            return torch.ops.quantized.linear_dynamic(x32, packed, reduce_range=False).to(x.dtype)
 
     return FullRange()
