@@ -343,11 +343,13 @@ def test_qdrant_full_disk_is_a_clear_error_and_the_last_commit_opens(tmp_path: P
         _fill_up(mnt / "filler")
         assert _free_mib(mnt) == 0
         proc = run("fill", str(index), "1000")
-        # the free space it reports is the full disk's: 0.0 MiB, or (seen once, under load) 0.1
+        # the free space it reports is the full disk's: 0.0 MiB mostly, but tmpfs gives back a
+        # few pages between the fill and the check at times (0.1 and 0.5 MiB seen, under load);
+        # what matters is that it is a sliver of the 96 MiB and short of what is needed
         refused = re.search(r"StorageError: .*in \S+index: ([\d.]+) MiB free, about ([\d.]+) MiB needed",
                             proc.stderr)
         assert proc.returncode == 3 and refused, proc.stderr
-        assert float(refused[1]) <= 0.2 < float(refused[2]), proc.stderr
+        assert float(refused[1]) < min(1.0, float(refused[2])), proc.stderr
         proc = check(index)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["commits"] == last and json.loads(proc.stdout)["why"] is None
