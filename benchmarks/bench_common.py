@@ -81,6 +81,29 @@ def interleaved(fns: Sequence[Callable[[str], Any]], texts: Sequence[str]) -> li
     return out
 
 
+def documents_interleaved(encoders: dict[str, Any], texts: Sequence[str], chunks: int
+                          ) -> tuple[dict[str, Any], dict[str, float], dict[str, int]]:
+    """Every text encoded as a document by each of ``encoders`` (``Encoder``s by name), in
+    ``chunks`` chunks with the encoders in turn chunk by chunk, the order rotated each chunk
+    (the machine's drift falls on all), after an untimed warm-up on a few texts: per name the
+    (n, dim) vectors, the seconds and the tokens encoded."""
+    import numpy as np
+
+    names = list(encoders)
+    vectors = {k: np.zeros((len(texts), e.dim), np.float32) for k, e in encoders.items()}
+    seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+    for e in encoders.values():  # first batches allocate and plan (and an int8 model calibrates)
+        e.encode_documents(list(texts[:32]), progress=False)
+    for i, chunk in enumerate(np.array_split(np.arange(len(texts)), chunks)):
+        for k in names[i % len(names):] + names[:i % len(names)]:
+            before = encoders[k].document.tokens_seen
+            t0 = time.perf_counter()
+            vectors[k][chunk] = encoders[k].encode_documents([texts[j] for j in chunk], progress=False)
+            seconds[k] += time.perf_counter() - t0
+            tokens[k] += encoders[k].document.tokens_seen - before
+    return vectors, seconds, tokens
+
+
 def x_y_map(queries: Any, docs: Any, means: Any, centred_docs: Any, query_langs: Sequence[str],
             doc_ids: Any, relevant: Sequence[set[str]]) -> list[float]:
     """X-Y mAP@20 over the pooled documents (exact search), plain and with the language-bias

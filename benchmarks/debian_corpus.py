@@ -40,6 +40,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # Debian's locale names (pt_BR, zh_TW, nb) to the codes vecplug's language detection writes
+from vecplug.fsutil import atomic_write_bytes
 from vecplug.types import lang_code
 
 MIRROR = "http://deb.debian.org/debian"
@@ -79,9 +80,7 @@ def fetch(url: str, path: Path) -> Path | None:
         if getattr(e, "code", None) == 404 or isinstance(getattr(e, "reason", None), FileNotFoundError):
             return None
         raise
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data)
     return path
 
 

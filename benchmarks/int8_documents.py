@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import header_markdown, machine_info, markdown_table, run_main  # noqa: E402
+from bench_common import (  # noqa: E402
+    documents_interleaved, header_markdown, machine_info, markdown_table, run_main)
 from precision_probe import _scores  # noqa: E402
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
@@ -82,17 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = [s.text for s in sentences]
     doc_langs = np.array([s.lang for s in sentences])
     doc_ids = np.array([s.doc_id for s in sentences])
-    vectors = {k: np.zeros((len(texts), enc[k].dim), np.float32) for k in sets}
-    seconds, tokens = dict.fromkeys(sets, 0.0), dict.fromkeys(sets, 0)
-    for k in sets:  # untimed warm-up (loads the model; int8 calibrates once, then caches)
-        enc[k].encode_documents(texts[:32], progress=False)
-    for i, chunk in enumerate(np.array_split(np.arange(len(texts)), args.chunks)):
-        for k in sets[i % len(sets):] + sets[:i % len(sets)]:
-            before = enc[k].document.tokens_seen
-            t0 = time.perf_counter()
-            vectors[k][chunk] = enc[k].encode_documents([texts[j] for j in chunk], progress=False)
-            seconds[k] += time.perf_counter() - t0
-            tokens[k] += enc[k].document.tokens_seen - before
+    vectors, seconds, tokens = documents_interleaved(enc, texts, args.chunks)
     documents = {k: {"docs_per_s": len(texts) / seconds[k], "tokens_per_s": tokens[k] / seconds[k],
                      "seconds": seconds[k], "vs_float32": seconds["float32"] / seconds[k],
                      "precision": enc[k].document.precision} for k in sets}

@@ -38,7 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import (  # noqa: E402
-    exact_map_at_k, header_markdown, interleaved, machine_info, markdown_table, percentile, run_main, x_y_map)
+    documents_interleaved, exact_map_at_k, header_markdown, interleaved, machine_info, markdown_table, percentile,
+    run_main, x_y_map)
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
 PRECISIONS = ("float32", "bfloat16")
@@ -108,18 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = [s.text for s in sentences]
     doc_langs = np.array([s.lang for s in sentences])
     doc_ids = np.array([s.doc_id for s in sentences])
-    vectors = {p: np.zeros((len(texts), enc[p].dim), np.float32) for p in PRECISIONS}
-    seconds = dict.fromkeys(PRECISIONS, 0.0)
-    tokens = dict.fromkeys(PRECISIONS, 0)
-    for p in PRECISIONS:  # untimed warm-up: first batches allocate and plan
-        enc[p].encode_documents(texts[:32], progress=False)
-    for i, chunk in enumerate(np.array_split(np.arange(len(texts)), args.chunks)):
-        for p in PRECISIONS[i % 2:] + PRECISIONS[:i % 2]:
-            before = enc[p].document.tokens_seen
-            t0 = time.perf_counter()
-            vectors[p][chunk] = enc[p].encode_documents([texts[j] for j in chunk], progress=False)
-            seconds[p] += time.perf_counter() - t0
-            tokens[p] += enc[p].document.tokens_seen - before
+    vectors, seconds, tokens = documents_interleaved(enc, texts, args.chunks)
     documents = {p: {"docs_per_s": len(texts) / seconds[p], "tokens_per_s": tokens[p] / seconds[p],
                      "seconds": seconds[p]} for p in PRECISIONS}
     doc_cos = np.sum(vectors["float32"] * vectors["bfloat16"], axis=1)

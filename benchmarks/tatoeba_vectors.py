@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vecplug.fsutil import atomic_write_bytes
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "tatoeba"
 PART = 8192
@@ -90,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert len(vectors) == len(texts)
     txt.unlink(missing_ok=True)  # the texts file is written last: it says the .npy is whole
     _save(args.out, vectors)
-    txt.with_name(txt.name + ".tmp").write_text(wanted, encoding="utf-8")
-    os.replace(txt.with_name(txt.name + ".tmp"), txt)
+    atomic_write_bytes(txt, wanted.encode("utf-8"))
     shutil.rmtree(parts)
     print(f"{args.out}: {vectors.shape[0]:,} x {vectors.shape[1]} ({args.model})", file=sys.stderr)
     return 0

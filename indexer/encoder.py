@@ -327,7 +327,7 @@ class TextEncoder:
         with the query and the document prefix (as ONNX Runtime's graph of the recipe)."""
         from vecplug.indexer.onnx_runtime import calibration_texts
         from vecplug.indexer.torch_int8_documents import (
-            cached_peaks, document_engine, group_peaks, int8_documents, shared_inputs)
+            document_engine, group_peaks, int8_documents, recipe_peaks, shared_inputs)
 
         texts = calibration_texts()
         prefixes = tuple(dict.fromkeys((self.info.query_prefix, self.info.document_prefix)))
@@ -337,7 +337,7 @@ class TextEncoder:
             return group_peaks(self.model, groups, (batch[1:] for prefix in prefixes for batch in self._batches(
                 self.tokenize(texts, prefix, DEFAULT_DOCUMENT_MAX_LENGTH))))
 
-        peaks = cached_peaks(self.info, self.model, recipe, prefixes, groups, calibrate)
+        peaks = recipe_peaks(self.info, self.model, recipe, prefixes, groups, calibrate)
         return int8_documents(self.model, recipe, groups, peaks, self.precision, document_engine())
 
     def calibration_peaks(self) -> dict[str, np.ndarray]:

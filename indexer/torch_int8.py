@@ -21,7 +21,7 @@ recipe, and on XQuAD-R it kept the same share of fp32's X-Y mAP@20 (README "Stud
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,25 +109,30 @@ def save_peaks(path: Path, peaks: dict[str, np.ndarray]) -> None:
 
 def model_peaks(info: Any, model: Any, calibrate: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The smoothing peaks for ``model`` (described by ``info``, a ``ModelInfo``): from its
-    folder (a shipped student carries them, :data:`PEAKS_FILE`), else from the cache, else
-    ``calibrate()`` (~5 s for the shipped student), then cached by the model's checksum, config
-    and query prefix."""
+    folder (a shipped student carries them, :data:`PEAKS_FILE`), else :func:`cached_peaks` of
+    the ``int8-query`` recipe (``calibrate()``: ~5 s for the shipped student)."""
+    names = narrowing(model)
+    peaks = load_peaks(info.path / PEAKS_FILE)
+    if peaks is not None and set(peaks) == set(names):
+        return peaks
+    return cached_peaks(info, model, "int8-query", (info.query_prefix,), names, calibrate)
+
+
+def cached_peaks(info: Any, model: Any, recipe: str, prefixes: Sequence[str], names: Sequence[str],
+                 calibrate: Callable[[], dict[str, np.ndarray]], prefix: str = "int8-peaks") -> dict[str, np.ndarray]:
+    """Peaks of the layers ``names`` from the cache, else ``calibrate()``, then cached (a
+    ``prefix``-named file in ``$VECPLUG_HOME/cache``). Keyed as ONNX Runtime's graph of
+    ``recipe`` is: the weights' checksum, the config, the ``prefixes`` and the tokenizer the
+    calibration texts are encoded with (a copy under another name may take another prefix)."""
     from vecplug.indexer.models import vecplug_home
     from vecplug.indexer.onnx_runtime import shape_key
 
-    names = set(narrowing(model))
-    peaks = load_peaks(info.path / PEAKS_FILE)
-    if peaks is not None and set(peaks) == names:
-        return peaks
-    # keyed as ONNX Runtime's graph of the same recipe is: the weights, the config, the prefix
-    # and the tokenizer the calibration texts are encoded with (a copy under another name may
-    # take another prefix)
-    shape = shape_key(model, "int8-query", (info.query_prefix,), info.tokenizer_path)
-    cached = vecplug_home() / "cache" / f"int8-peaks-{info.checksum}-{shape}.safetensors"
-    peaks = load_peaks(cached)
-    if peaks is None or set(peaks) != names:
+    shape = shape_key(model, recipe, tuple(prefixes), info.tokenizer_path)
+    path = vecplug_home() / "cache" / f"{prefix}-{info.checksum}-{shape}.safetensors"
+    peaks = load_peaks(path)
+    if peaks is None or set(peaks) != set(names):
         peaks = calibrate()
-        save_peaks(cached, peaks)
+        save_peaks(path, peaks)
     return peaks
 
 

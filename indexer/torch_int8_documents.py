@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.indexer.torch_int8 import (
-    ALPHA, _replace, _smoothed, activation_peaks, load_peaks, narrowing, save_peaks)
+    ALPHA, _replace, _smoothed, activation_peaks, cached_peaks, narrowing)
 
 #: the peaks' cache file's name: another recipe's (a student's ``int8-peaks-*``) never matches
 PEAKS_PREFIX = "int8-documents-peaks"
@@ -99,22 +99,16 @@ def group_peaks(model: Any, groups: list[list[str]],
     return activation_peaks(model, batches, [group[0] for group in groups])
 
 
-def cached_peaks(info: Any, model: Any, recipe: str, prefixes: tuple[str, ...],
-                 groups: list[list[str]], calibrate: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The groups' peaks from the cache (keyed as ONNX Runtime's graph of ``recipe`` is: the
-    weights' checksum, the config, the calibration's prefixes and tokenizer), else
-    ``calibrate()``, then cached (safetensors: data, never a pickle)."""
-    from vecplug.indexer.models import vecplug_home
-    from vecplug.indexer.onnx_runtime import shape_key
+def recipe_peaks(info: Any, model: Any, recipe: str, prefixes: tuple[str, ...], groups: list[list[str]],
+                 calibrate: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The groups' peaks where ``recipe`` smooths them (cached by
+    :func:`~vecplug.indexer.torch_int8.cached_peaks`, else ``calibrate()``); none for a recipe
+    that smooths nothing (version 1), which then calibrates nothing."""
+    from vecplug.indexer.onnx_runtime import INT8_RECIPES
 
-    shape = shape_key(model, recipe, prefixes, info.tokenizer_path)
-    path = vecplug_home() / "cache" / f"{PEAKS_PREFIX}-{info.checksum}-{shape}.safetensors"
-    want = {g[0] for g in groups}
-    peaks = load_peaks(path)
-    if peaks is None or set(peaks) != want:
-        peaks = calibrate()
-        save_peaks(path, peaks)
-    return peaks
+    if "attention" not in INT8_RECIPES[recipe]["smooth"]:
+        return {}
+    return cached_peaks(info, model, recipe, prefixes, [g[0] for g in groups], calibrate, PEAKS_PREFIX)
 
 
 def int8_documents(model: Any, recipe: str, groups: list[list[str]], peaks: dict[str, np.ndarray],
