@@ -9,7 +9,8 @@ onednn`` makes one int8 set per kind of kernel, to compare them in one run). Qua
 X-Y mAP@20 over the pooled documents, plain and with the language-bias correction (each
 document set's own language means), and mono MRR@10, with the float32 teacher's queries and
 with the shipped student's int8 queries (what searches use). Retention is the int8 figure over
-float32's: the issue's bar is 99%.
+float32's: the issue's bar is 99%. ``--compile`` adds bfloat16 and int8 with the documents'
+batches compiled by ``torch.compile`` (``model.compile``, ``indexer.compiled``).
 
     .venv/bin/python benchmarks/int8_documents.py --json benchmarks/results/int8_documents.json
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from precision_probe import _scores  # noqa: E402
 from xquad_data import DEFAULT_DATA_DIR  # noqa: E402
 
 #: the int8 weights' kernels by ``--int8-engines`` name: what the encoder asks for as it packs them
-ENGINES = {"fbgemm": lambda: None, "onednn": lambda: "onednn"}
+ENGINES = {"fbgemm": lambda compiled=False: None, "onednn": lambda compiled=False: "onednn"}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -45,6 +47,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--int8-engines", nargs="+", default=["auto"], choices=("auto", "fbgemm", "onednn"),
                    help="the kernels the int8 weights are packed for, one int8 set each (default: auto: "
                         "oneDNN with AMX, else torch's default, FBGEMM)")
+    p.add_argument("--compile", action="store_true",
+                   help="also bfloat16 and int8 with the documents' batches compiled (model.compile: "
+                        "torch.compile, indexer.compiled); their first batch, which compiles, is timed apart")
     p.add_argument("--threads", type=int, default=2, help="threads for the documents (default: %(default)s)")
     p.add_argument("--chunks", type=int, default=8, help="document chunks, interleaved (default: %(default)s)")
     p.add_argument("--limit", type=int, help="N sentences and N questions, spread over the languages (default: all)")
@@ -78,6 +83,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with mock.patch.object(torch_int8_documents, "document_engine", engine):
             enc[key].document  # noqa: B018 (loads the model: the weights are packed now)
         engines[key] = engine() or "torch's default (x86: FBGEMM)"
+    compiled: dict[str, Any] = {}
+    if args.compile:
+        from vecplug.indexer.compiled import inductor_cache
+
+        cache = Path(inductor_cache())
+        compiled["cache_was_empty"] = not cache.is_dir() or not any(cache.iterdir())
+        for key, kw in (("bfloat16 compiled", {"precision": "bfloat16"}),
+                        ("int8 compiled", {"precision": args.int8_precision, "document_quantize": "int8"})):
+            enc[key] = Encoder.from_specs(args.model, args.student, threads=args.threads, compile=True, **kw)
+            enc[key].document  # noqa: B018 (loads, calibrates, packs: not the compilation's time)
+            t0 = time.perf_counter()  # the first batch compiles the graph
+            enc[key].encode_documents([s.text for s in sentences[:32]], progress=False)
+            compiled[key] = {"first_batch_s": time.perf_counter() - t0,
+                             "fell_back": enc[key].document.compiled.compiled is None}
+        engines["int8 compiled"] = torch_int8_documents.document_engine(True) or "torch's default (x86: FBGEMM)"
     sets = list(enc)
     texts = [s.text for s in sentences]
     doc_langs = np.array([s.lang for s in sentences])
@@ -103,7 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             quality.append({"documents": k, "queries": who,
                             **_scores(qv, vectors[k], doc_ids, relevant, own, query_langs, doc_langs, means)})
     return {"machine": machine_info(), "amx_bf16": amx_bf16(), "amx_int8": amx_int8(),
-            "int8_engines": engines,
+            "int8_engines": engines, "compiled": compiled,
             "model": args.model, "student": args.student, "threads": args.threads,
             "sentences": len(texts), "questions": len(qtexts), "documents": documents,
             "cosine_to_float32": {k: {"mean": float(c.mean()), "min": float(c.min())} for k, c in cosine.items()},
@@ -127,13 +147,24 @@ def render(r: dict[str, Any]) -> str:
         f"- CPU has AMX int8 / bf16: {'yes' if r['amx_int8'] else 'no'} / {'yes' if r['amx_bf16'] else 'no'}"
         "; the int8 weights packed for: " + ", ".join(f"{k}: {e}" for k, e in r["int8_engines"].items()),
         f"- document encoder {r['model']}, query student {r['student']}; {r['sentences']:,} XQuAD-R sentences, "
-        f"{r['questions']:,} questions", "",
+        f"{r['questions']:,} questions", *_compiled_lines(r.get("compiled") or {}), "",
         f"### Documents ({r['threads']} threads, the {len(sets)} sets interleaved chunk by chunk)", "",
         markdown_table(["documents", "float layers", "docs/s", "tokens/s", "seconds", "vs float32",
                         "cosine to float32 (mean / min)"], rows), "",
         "### Quality (exact search; the correction uses each document set's own language means)", "",
         markdown_table(["documents", "queries", "X-Y mAP@20", "with the correction", "mono MRR@10"], quality), "",
         markdown_table(["kept, of float32 documents'", "X-Y mAP@20", "with the correction", "mono MRR@10"], kept), ""])
+
+
+def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
+    """``--compile``: each compiled set's first batch (the compilation), untimed in the table."""
+    if not compiled:
+        return []
+    firsts = "; ".join(f"{k}: {v['first_batch_s']:.1f} s" + (" (compilation failed: eager)" if v["fell_back"] else "")
+                       for k, v in compiled.items() if isinstance(v, dict))
+    cache = "empty (a cold compilation)" if compiled["cache_was_empty"] else "already filled by an earlier run"
+    return [f"- compiled sets (`model.compile`): the first batch of 32 sentences, which compiles, took {firsts}; "
+            f"Inductor's cache was {cache}; the table times the batches after it"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -93,7 +93,9 @@ else
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
                              else run precision_probe; fi ;;
-            lengths|langid|encode_speed|batch_plan|int8_documents|model_memory) run "$name" ;;
+            # with bfloat16 and int8 compiled (model.compile) beside them
+            int8_documents) run int8_documents --compile ;;
+            lengths|langid|encode_speed|batch_plan|model_memory) run "$name" ;;
             *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
         esac
     done

@@ -127,6 +127,8 @@ class TextEncoder:
     float layers of torch's int8 documents; the vectors returned are float32 either way.
     ``documents``: this encoder embeds documents (in large batches): torch's int8 then runs
     the documents' recipe ``int8_recipe`` (``indexer.torch_int8_documents``), not the general one.
+    ``compile``: torch runtime, its large batches run through ``torch.compile``
+    (``indexer.compiled``); small forward passes (queries) stay eager or traced.
     """
 
     @loading  # one load at a time in a process (transformers' lazy imports, ONNX export)
@@ -134,7 +136,7 @@ class TextEncoder:
                  threads: int | None = None, shared_embeddings: Any = None,
                  post: Any = None, quantize: str | None = None, runtime: str = "torch",
                  int8_recipe: str = "int8", trace: bool = True, precision: str = "float32",
-                 documents: bool = False) -> None:
+                 documents: bool = False, compile: bool = False) -> None:
         import torch
         from transformers import AutoModel
 
@@ -194,7 +196,7 @@ class TextEncoder:
 
             raise ConfigError(f"unknown runtime '{runtime}'; known: torch, onnx")
         elif quantize == "int8" and documents:
-            self.model = self._int8_documents(int8_recipe)
+            self.model = self._int8_documents(int8_recipe, compile)
         elif quantize == "int8":
             self.model = self._int8_query() if int8_recipe == "int8-query" else _int8(self.model)
         elif self.precision == "bfloat16":
@@ -207,6 +209,12 @@ class TextEncoder:
         self.small_forwards, self.graph = 0, None
         self._count_lock = threading.Lock()
         self.trace_after: int | None = TRACE_AFTER if runtime == "torch" and trace else None
+        #: torch runtime with ``compile``: the forward pass of large batches, compiled on first use
+        self.compiled: Any = None
+        if compile and runtime == "torch":
+            from vecplug.indexer.compiled import CompiledForward
+
+            self.compiled = CompiledForward(self.model)
 
     def tokenize(self, texts: Sequence[str], prefix: str, max_length: int) -> list[list[int]]:
         return self._shared.ids([prefix + t for t in texts], min(max_length, self.model_max_length))
@@ -307,6 +315,8 @@ class TextEncoder:
         ids, mask = torch.from_numpy(input_ids), torch.from_numpy(mask)
         if self.graph is not None:
             hidden = self.graph(ids, mask)
+        elif self.compiled is not None and input_ids.size > SMALL_FORWARD_TOKENS:
+            hidden = self.compiled(ids, mask)
         else:
             hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         hidden = hidden.float()  # bfloat16's 8-bit mantissa would round a sum of 256 tokens
@@ -320,9 +330,10 @@ class TextEncoder:
 
         return int8_query(self.model, model_peaks(self.info, self.model, self.calibration_peaks))
 
-    def _int8_documents(self, recipe: str) -> Any:
+    def _int8_documents(self, recipe: str, compiled: bool = False) -> Any:
         """The model in the documents' int8 ``recipe`` run by torch
-        (``indexer.torch_int8_documents``): oneDNN's kernels where AMX is, the float layers in
+        (``indexer.torch_int8_documents``): oneDNN's kernels where AMX is or for a model to be
+        ``compiled`` (``indexer.compiled``), the float layers in
         :attr:`precision`; the smoothing peaks cached or calibrated on the shipped sentences
         with the query and the document prefix (as ONNX Runtime's graph of the recipe)."""
         from vecplug.indexer.onnx_runtime import calibration_texts
@@ -338,7 +349,7 @@ class TextEncoder:
                 self.tokenize(texts, prefix, DEFAULT_DOCUMENT_MAX_LENGTH))))
 
         peaks = recipe_peaks(self.info, self.model, recipe, prefixes, groups, calibrate)
-        return int8_documents(self.model, recipe, groups, peaks, self.precision, document_engine())
+        return int8_documents(self.model, recipe, groups, peaks, self.precision, document_engine(compiled))
 
     def calibration_peaks(self) -> dict[str, np.ndarray]:
         """The float32 model's activation peaks at its FFN down-projections over the shipped
@@ -437,7 +448,7 @@ class Encoder:
                  query_quantize: str | None = "auto", document_quantize: str | None = None,
                  runtime: str = "torch", document_int8_version: int | None = None,
                  recorded_lengths: Mapping[str, int] | None = None, trace: bool = True,
-                 precision: str | None = "auto") -> None:
+                 precision: str | None = "auto", compile: bool = False) -> None:
         refuse_cross_encoder(document, "document")  # from its JSON, before any index is made
         if query is not None:
             refuse_cross_encoder(query, "query")
@@ -451,6 +462,9 @@ class Encoder:
         self.precision = resolve_precision(precision, runtime)
         #: torch runtime: a long-lived encoder traces its model (``indexer.traced``)
         self.trace = trace
+        #: torch runtime: the document encoder's batches run through ``torch.compile``
+        #: (``indexer.compiled``; the query side never is)
+        self.compile = compile
         #: documents whose text reached document_max_length, over every encode_documents call:
         #: only their beginning is embedded (the integrations warn; an indexing run reports it)
         self.documents_cut = 0
@@ -516,7 +530,7 @@ class Encoder:
                                post=_pca_map(self.projection) if self.projection else None,
                                quantize=self.document_quantize, runtime=self.runtime,
                                int8_recipe=self._document_recipe(), trace=self.trace,
-                               precision=self.precision, documents=True)
+                               precision=self.precision, documents=True, compile=self.compile)
         if self._query is not None and self._one_table():
             # the query side came first: the documents take its copy of the table (identical
             # by checksum), and their own is freed

@@ -28,6 +28,10 @@ def fresh_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # Inductor's cache follows VECPLUG_HOME unless set (indexer.compiled sets it for the
+    # process): set and removed here so that the test's value is undone afterwards
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "-")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

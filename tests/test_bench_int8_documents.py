@@ -59,3 +59,24 @@ def test_one_int8_set_per_engine(bench: ModuleType, built_me5: Path) -> None:
     assert torch_int8_documents.document_engine is before
     assert min(c["min"] for k, c in r["cosine_to_float32"].items() if k.startswith("int8")) > 0.99
     assert "| int8 onednn documents, student int8 queries" in bench.render(r)
+
+
+@pytest.mark.slow  # compiles me5-small twice (~1 min)
+def test_compiled_sets(bench: ModuleType, built_me5: Path, fresh_machine: Path) -> None:
+    """``--compile`` adds bfloat16 and int8 compiled by torch.compile, their first batch
+    (the compilation) timed apart, in a fresh machine's Inductor cache; the same vectors."""
+    if not XQUAD.is_dir():
+        pytest.skip("XQuAD-R data not available")
+    from vecplug.indexer import torch_int8_documents
+
+    r = bench.run(bench.parse_args(["--data", str(XQUAD), "--limit", "40", "--chunks", "2", "--compile"]))
+    assert list(r["documents"]) == ["float32", "bfloat16", "int8", "bfloat16 compiled", "int8 compiled"]
+    assert r["compiled"]["cache_was_empty"] is True
+    assert r["compiled"]["bfloat16 compiled"]["first_batch_s"] > 0
+    assert r["compiled"]["bfloat16 compiled"]["fell_back"] is False
+    if torch_int8_documents.document_engine(compiled=True) == "onednn":  # its int8 product compiles
+        assert r["compiled"]["int8 compiled"]["fell_back"] is False
+        assert r["int8_engines"]["int8 compiled"] == "onednn"
+    cos = r["cosine_to_float32"]
+    assert cos["bfloat16 compiled"]["min"] > 0.999 and cos["int8 compiled"]["min"] > 0.99
+    assert "which compiles, took bfloat16 compiled:" in bench.render(r)

@@ -76,6 +76,46 @@ def test_one_int8_product_equals_three_int8_layers() -> None:
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def _onednn_or_skip() -> None:
+    import torch
+
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("torch built without oneDNN's quantised engine")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_onednn_s_own_product_is_torch_s_dynamic_layer(dtype: str) -> None:
+    """The same quantisation of the input (per tensor, 8 bits, asymmetric, holding 0) and the
+    same weights: oneDNN's product gives torch's dynamic layer's output, in the input's dtype,
+    for any leading shape; an all-zero input (a range of 0) gives the bias."""
+    import warnings
+
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from vecplug.indexer.torch_int8 import _full_range
+    from vecplug.indexer.torch_int8_documents import quantized_engine
+
+    _onednn_or_skip()
+    (linear,) = _linears(seed=2, n=1, width=24)
+    with warnings.catch_warnings(), quantized_engine("onednn"):
+        warnings.simplefilter("ignore")
+        dynamic = quantize_dynamic(torch.nn.Sequential(linear), {"0": per_channel_dynamic_qconfig},
+                                   dtype=torch.qint8)[0]
+    torch_layer, onednn_layer = _full_range(dynamic), tid._onednn(dynamic)
+    kind = getattr(torch, dtype)
+    x = (torch.randn(3, 5, 24) * 4 + 1).to(kind)
+    with torch.inference_mode():
+        got, want = onednn_layer(x), torch_layer(x)
+        assert got.dtype == kind and got.shape == (3, 5, 24)
+        tolerance = 1e-4 if dtype == "float32" else 2e-2  # bfloat16: the output's rounding
+        torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+        assert (got.float() - linear(x.float())).abs().max() > 0  # it is int8, not the float layer
+        zeros = onednn_layer(torch.zeros(2, 24, dtype=kind))
+        torch.testing.assert_close(zeros.float(), linear.bias.detach().expand(2, 24).to(kind).float(),
+                                   atol=tolerance, rtol=tolerance)
+
+
 @pytest.mark.parametrize("recipe", ["int8", "int8-v1"])
 @pytest.mark.parametrize("engine", [None, "onednn"])
 def test_the_recipe_keeps_the_vectors_and_quantises_what_it_says(tiny_model: Path, fresh_machine: Path,
@@ -91,12 +131,15 @@ def test_the_recipe_keeps_the_vectors_and_quantises_what_it_says(tiny_model: Pat
     groups = tid.shared_inputs(te.model, ids, mask)
     down = narrowing(te.model)
     peaks = tid.group_peaks(te.model, groups, [(ids, mask)])
-    if engine == "onednn" and "onednn" not in torch.backends.quantized.supported_engines:
-        pytest.skip("torch built without oneDNN's quantised engine")
+    if engine == "onednn":
+        _onednn_or_skip()
     before = torch.backends.quantized.engine
     tid.int8_documents(te.model, recipe, groups, peaks, "float32", engine)
     assert torch.backends.quantized.engine == before  # the process-wide setting is given back
-    int8 = {name for name, m in te.model.named_modules() if isinstance(m, DynamicLinear)}
+    int8 = {name for name, m in te.model.named_modules()
+            if isinstance(m, DynamicLinear) or type(m).__name__ == "OneDnnInt8"}
+    # oneDNN's weights run in its own product (tid._onednn), none in torch's dynamic layer
+    assert any(isinstance(m, DynamicLinear) for m in te.model.modules()) == (engine is None)
     assert not any(name.startswith(d) for d in down for name in int8)  # down-projections float
     assert all(isinstance(te.model.get_submodule(d), torch.nn.Linear) for d in down)
     fused = [n for n, m in te.model.named_modules() if hasattr(m, "shared")]  # Q, K, V members
@@ -127,10 +170,11 @@ def test_the_engine_is_onednn_only_with_amx(monkeypatch: pytest.MonkeyPatch) -> 
 
     from vecplug.indexer import precision
 
+    expected = "onednn" if "onednn" in torch.backends.quantized.supported_engines else None
     monkeypatch.setattr(precision, "amx_int8", lambda: False)
     assert tid.document_engine() is None
+    assert tid.document_engine(compiled=True) == expected  # the int8 product that compiles
     monkeypatch.setattr(precision, "amx_int8", lambda: True)
-    expected = "onednn" if "onednn" in torch.backends.quantized.supported_engines else None
     assert tid.document_engine() == expected
 
 

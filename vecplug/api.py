@@ -292,7 +292,7 @@ class Index:
             document_quantize=m.document_quantize or built.get("document_quantize"),
             runtime=m.runtime or built.get("runtime") or "torch",
             document_int8_version=built_int8_version(built), recorded_lengths=recorded, trace=m.trace,
-            precision=m.precision,
+            precision=m.precision, compile=m.compile,
             **{k: v for k, v in given.items() if v is not None})
         if built:
             from vecplug.indexer.encoder import max_tokens

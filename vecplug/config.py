@@ -137,6 +137,11 @@ class ModelSettings:
     #: process) it traces its model into a TorchScript graph, kept only if it gives the eager
     #: model's output (the same vectors, less overhead: README "Speed"); false keeps it eager
     trace: bool = True
+    #: torch runtime: the document encoder's batches run through ``torch.compile`` (Inductor;
+    #: needs a C++ compiler): faster indexing of a large corpus after ~40 s of compilation on
+    #: the first batch (cached in ``$VECPLUG_HOME/cache/inductor``); the same vectors. Queries
+    #: never are. README "Speed"; ``indexer.compiled``
+    compile: bool = False
     #: what torch computes an unquantised model in: ``float32``, ``bfloat16`` (several times
     #: faster on a CPU with AMX, emulated and slower elsewhere; vectors within a cosine of
     #: ~0.99998 of float32's), or ``auto``: bfloat16 where the CPU has AMX, else float32. Not
