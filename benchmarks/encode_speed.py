@@ -199,8 +199,9 @@ class VecplugEngine(Engine):
         if self.encoder.document_prefix != PREFIX or self.encoder.document_max_length != MAX_LENGTH:
             raise SystemExit(f"error: vecplug's document prefix/length are {self.encoder.document_prefix!r}/"
                              f"{self.encoder.document_max_length}, the benchmark assumes {PREFIX!r}/{MAX_LENGTH}")
-        self.settings = {"precision": "fp32" if self.precision == "float32" else
-                         f"{self.precision} (torch; the vocabulary table float32)",
+        self.settings = {"precision": ("fp32" if self.precision == "float32" else
+                                       f"{self.precision} (torch; the vocabulary table float32)")
+                         + ("; compiled" if self.compile else ""),
                          "batching": f"sorted by token length, up to "
                          f"{te.batch_tokens} padded tokens per batch", "folder": str(te.info.path)}
 

@@ -17,6 +17,7 @@ batches compiled by ``torch.compile`` (``model.compile``, ``indexer.compiled``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -50,6 +51,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="also bfloat16 and int8 with the documents' batches compiled (model.compile: "
                         "torch.compile, indexer.compiled); their first batch, which compiles, is timed apart")
+    p.add_argument("--inductor-cache", type=Path,
+                   help="Inductor's cache folder for --compile (default: as model.compile has it, "
+                        "$VECPLUG_HOME/cache/inductor); an empty one times a cold compilation")
     p.add_argument("--threads", type=int, default=2, help="threads for the documents (default: %(default)s)")
     p.add_argument("--chunks", type=int, default=8, help="document chunks, interleaved (default: %(default)s)")
     p.add_argument("--limit", type=int, help="N sentences and N questions, spread over the languages (default: all)")
@@ -85,9 +89,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engines[key] = engine() or "torch's default (x86: FBGEMM)"
     compiled: dict[str, Any] = {}
     if args.compile:
-        from vecplug.indexer.compiled import inductor_cache
+        from vecplug.indexer.compiled import CACHE_VARIABLE, inductor_cache
 
+        if args.inductor_cache:
+            os.environ[CACHE_VARIABLE] = str(args.inductor_cache.resolve())
         cache = Path(inductor_cache())
+        compiled["cache"] = str(cache)
         compiled["cache_was_empty"] = not cache.is_dir() or not any(cache.iterdir())
         for key, kw in (("bfloat16 compiled", {"precision": "bfloat16"}),
                         ("int8 compiled", {"precision": args.int8_precision, "document_quantize": "int8"})):
@@ -163,8 +170,9 @@ def _compiled_lines(compiled: dict[str, Any]) -> list[str]:
     firsts = "; ".join(f"{k}: {v['first_batch_s']:.1f} s" + (" (compilation failed: eager)" if v["fell_back"] else "")
                        for k, v in compiled.items() if isinstance(v, dict))
     cache = "empty (a cold compilation)" if compiled["cache_was_empty"] else "already filled by an earlier run"
+    cache = f"{compiled.get('cache', '')} {cache}".strip()
     return [f"- compiled sets (`model.compile`): the first batch of 32 sentences, which compiles, took {firsts}; "
-            f"Inductor's cache was {cache}; the table times the batches after it"]
+            f"Inductor's cache {cache}; the table times the batches after it"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,9 +7,10 @@ generated C++ loops, and with ``freezing`` folds the weights in as constants (pa
 oneDNN). README "Speed" has the figures (``benchmarks/int8_documents.py --compile``).
 
 What it costs, hence opt-in: a C++ compiler at run time (gcc or clang, as Inductor finds
-them), and a compilation on the first batch (~40 s for me5-small on 2 cores; the artefacts are
-cached in ``$VECPLUG_HOME/cache/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise,
-and a later process takes ~15 s). Shapes are dynamic: batches of any size and length reuse the
+them), and a compilation on the first batch (30-40 s for me5-small on 2 cores; the artefacts
+are cached in ``$VECPLUG_HOME/cache/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says
+otherwise, which saves a later process little: most of the time is tracing and lowering, not
+the C++ compiler). Shapes are dynamic: batches of any size and length reuse the
 graph. Only document batches are compiled (queries, one short text at a time, have their
 traced graph: ``indexer.traced``). A model Inductor cannot compile, or a machine without a
 compiler, keeps the eager model: the failure is logged once as a warning, and the vectors are

@@ -181,10 +181,10 @@ def _onednn(dynamic: Any) -> Any:
     within a cosine of ~0.999 of each other, as close to float32's as before: tested); what
     changes is the traffic around the product. torch's dynamic layer takes and gives
     float32 only: a bfloat16 model's activations were cast to float32 and its output back,
-    two passes over memory per layer (18% of an int8 batch's time in torch's profiler). Here
-    the kernel writes its output in the input's dtype, and the range and the quantisation are
-    plain tensor operations, which ``torch.compile`` (``indexer.compiled``) fuses into one
-    pass; eager, torch's own ``quantize_per_tensor`` does them in one kernel."""
+    two passes over memory per layer. Here the kernel writes its output in the input's dtype,
+    and the range and the quantisation are plain tensor operations, which ``torch.compile``
+    (``indexer.compiled``) fuses with the operations around them; eager, ``aminmax`` and
+    ``quantize_per_tensor`` take a pass each."""
     import torch
 
     qweight, bias = dynamic._packed_params._weight_bias()
