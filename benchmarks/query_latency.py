@@ -219,7 +219,7 @@ def _general_int8(index: Any) -> Any:
     enc = index.encoder
     shared = enc.query.model.get_input_embeddings().weight.detach()
     general = TextEncoder(enc.query_info, enc.batch_tokens, enc.threads, shared, post=enc.query.post,
-                          quantize="int8", runtime="torch", int8_recipe="int8")
+                          quantize="int8", runtime="torch", int8_recipe="int8-general")
     for _ in range(general.trace_after or 0):
         general.encode(["warm-up query"], enc.query_prefix, enc.query_max_length, progress=False)
     return general

@@ -120,13 +120,16 @@ class TextEncoder:
     """One transformer with its tokenizer; ``encode`` returns unit vectors (float32).
 
     ``quantize``: None or ``int8``; ``runtime``: ``torch`` or ``onnx``. ``int8_recipe``: which
-    of ``onnx_runtime.INT8_RECIPES`` int8 means under ONNX Runtime, and under torch for
-    ``documents`` (``int8-query`` only for an encoder of queries where that recipe was
-    measured: a student). ``precision``: ``float32``
+    of ``onnx_runtime.INT8_RECIPES`` int8 means, under either runtime (``int8-query`` only for
+    an encoder of queries where that recipe was measured: a student); under torch also
+    ``int8-general``, torch's general recipe (:func:`_int8`, kept for the benchmarks that
+    compare with it). ``precision``: ``float32``
     or ``bfloat16`` (``indexer.precision``), for a model run unquantised by torch, and for the
     float layers of torch's int8 documents; the vectors returned are float32 either way.
-    ``documents``: this encoder embeds documents (in large batches): torch's int8 then runs
-    the documents' recipe ``int8_recipe`` (``indexer.torch_int8_documents``), not the general one.
+    ``documents``: this encoder embeds documents (in large batches): torch's int8 documents'
+    recipe (``indexer.torch_int8_documents``) then packs its weights for the kernels that
+    measured faster on document batches (oneDNN with AMX) and computes its float layers in
+    ``precision``; for queries it keeps FBGEMM and float32.
     ``compile``: torch runtime, its large batches run through ``torch.compile``
     (``indexer.compiled``); small forward passes (queries) stay eager or traced.
     """
@@ -195,10 +198,16 @@ class TextEncoder:
             from vecplug.errors import ConfigError
 
             raise ConfigError(f"unknown runtime '{runtime}'; known: torch, onnx")
-        elif quantize == "int8" and documents:
-            self.model = self._int8_documents(int8_recipe, compile)
+        elif quantize == "int8" and int8_recipe == "int8-query":
+            self.model = self._int8_query()
+        elif quantize == "int8" and int8_recipe == "int8-general":
+            self.model = _int8(self.model)
         elif quantize == "int8":
-            self.model = self._int8_query() if int8_recipe == "int8-query" else _int8(self.model)
+            from vecplug.indexer.torch_int8_documents import document_engine
+
+            # a document encoder's own queries (one short text at a time) keep FBGEMM, where
+            # single queries measured faster than on oneDNN
+            self.model = self._int8_documents(int8_recipe, document_engine(compile) if documents else None)
         elif self.precision == "bfloat16":
             to_bfloat16(self.model)
         self.out_dim = int(getattr(post, "out_dim", self.dim))
@@ -330,15 +339,13 @@ class TextEncoder:
 
         return int8_query(self.model, model_peaks(self.info, self.model, self.calibration_peaks))
 
-    def _int8_documents(self, recipe: str, compiled: bool = False) -> Any:
+    def _int8_documents(self, recipe: str, engine: str | None) -> Any:
         """The model in the documents' int8 ``recipe`` run by torch
-        (``indexer.torch_int8_documents``): oneDNN's kernels where AMX is or for a model to be
-        ``compiled`` (``indexer.compiled``), the float layers in
+        (``indexer.torch_int8_documents``): its weights packed for ``engine``, the float layers in
         :attr:`precision`; the smoothing peaks cached or calibrated on the shipped sentences
         with the query and the document prefix (as ONNX Runtime's graph of the recipe)."""
         from vecplug.indexer.onnx_runtime import calibration_texts
-        from vecplug.indexer.torch_int8_documents import (
-            document_engine, group_peaks, int8_documents, recipe_peaks, shared_inputs)
+        from vecplug.indexer.torch_int8_documents import group_peaks, int8_documents, recipe_peaks, shared_inputs
 
         texts = calibration_texts()
         prefixes = tuple(dict.fromkeys((self.info.query_prefix, self.info.document_prefix)))
@@ -349,7 +356,7 @@ class TextEncoder:
                 self.tokenize(texts, prefix, DEFAULT_DOCUMENT_MAX_LENGTH))))
 
         peaks = recipe_peaks(self.info, self.model, recipe, prefixes, groups, calibrate)
-        return int8_documents(self.model, recipe, groups, peaks, self.precision, document_engine(compiled))
+        return int8_documents(self.model, recipe, groups, peaks, self.precision, engine)
 
     def calibration_peaks(self) -> dict[str, np.ndarray]:
         """The float32 model's activation peaks at its FFN down-projections over the shipped
@@ -388,8 +395,11 @@ def _drop_layers(model: Any) -> None:
 def _int8(model: Any) -> Any:
     """The model with int8 weights in its linear layers (dynamic quantisation: activations are
     quantised per batch), except those that narrow the width. Embeddings (the shared vocabulary
-    table) stay as they are. This is the general recipe, e.g. for a document encoder's own
-    queries (``--int8``); a student's queries take ``indexer.torch_int8``'s.
+    table) stay as they are. This is torch's general recipe (``int8_recipe="int8-general"``),
+    which a document encoder's own queries (``--int8``) took until they were given the
+    documents' recipe (it kept 96.4% of float32's X-Y mAP@20 without the language-bias
+    correction, README "Speed"); kept for the benchmarks that compare with it. A student's
+    queries take ``indexer.torch_int8``'s.
 
     Weights are quantised per output channel: one scale per row keeps rows of small weights
     from being rounded away by the largest row. Layers with more inputs than outputs (the
@@ -541,7 +551,7 @@ class Encoder:
         if self._same_model():
             return self.document
         if self.query_info is self.document_info:  # the document encoder, quantised otherwise
-            # int8 under ONNX Runtime: the documents' recipe (the queries' one was measured
+            # int8: the documents' recipe under either runtime (the queries' one was measured
             # on a student, not on a document encoder's own queries)
             query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                 quantize=self.query_quantize, runtime=self.runtime, trace=self.trace,

@@ -86,14 +86,25 @@ def test_a_stale_or_broken_calibration_cache_is_made_again(tiny_model: Path, tin
         assert again is not None and all(np.array_equal(again[k], good[k]) for k in good)
 
 
-def test_a_document_encoder_s_own_int8_queries_keep_the_general_recipe(tiny_model: Path, fresh_machine: Path) -> None:
-    """The recipe was measured on a student; other query encoders keep theirs (and calibrate nothing)."""
+def test_a_document_encoder_s_own_int8_queries_take_the_documents_recipe(tiny_model: Path,
+                                                                         fresh_machine: Path) -> None:
+    """The student's recipe was measured on a student; a document encoder's own queries take
+    the documents' (as under ONNX Runtime): down-projections float32, Q, K, V one smoothed int8
+    product, on FBGEMM's kernels (single queries) in float32, whatever the machine."""
     import torch
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    enc = Encoder.from_specs(str(tiny_model), query_quantize="int8")
-    narrowing = [m for m in enc.query.model.modules() if type(m) is torch.nn.Linear]
-    assert narrowing and all(m.in_features > m.out_features for m in narrowing)
-    assert not (fresh_machine / "cache").exists() or not list((fresh_machine / "cache").glob("int8-peaks-*"))
+    enc = Encoder.from_specs(str(tiny_model), query_quantize="int8", precision="bfloat16")
+    model = enc.query.model
+    floats = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    assert floats and all(m.in_features > m.out_features and m.weight.dtype == torch.float32 for m in floats)
+    assert len([m for m in model.modules() if hasattr(m, "shared")]) == 3 * model.config.num_hidden_layers
+    assert any(isinstance(m, DynamicLinear) for m in model.modules())  # FBGEMM's layer, not oneDNN's
+    assert not [m for m in model.modules() if type(m).__name__ == "OneDnnInt8"]
+    cache = fresh_machine / "cache"
+    assert list(cache.glob("int8-documents-peaks-*")) and not list(cache.glob("int8-peaks-*"))
+    fp32 = Encoder.from_specs(str(tiny_model), query_quantize="none", precision="float32")
+    assert (enc.encode_queries(TEXTS) * fp32.encode_queries(TEXTS)).sum(1).min() > 0.98
 
 
 def test_a_model_folder_s_own_peaks_come_first(tiny_model: Path, tiny_student: Path, fresh_machine: Path,
