@@ -401,6 +401,44 @@ def test_a_record_reuses_a_digest_only_when_stats_can_vouch_for_it(tmp_path: Pat
         "old.dat": _digest(str(old)), "young.dat": _digest(str(young))}
 
 
+def test_a_record_waits_for_a_log_segment_the_engine_is_creating(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open shard's engine creates its next write-ahead-log segment in a background thread,
+    as wal/tmp-open-N renamed to open-N (a CI run's record listed the first name and found
+    neither): a record waits for the rename, and lists again when a file goes between its
+    listing and its hashing."""
+    from vecplug.adapters.stores import qdrant_files
+
+    root = tmp_path / "shard"
+    (root / "wal").mkdir(parents=True)
+    (root / "wal" / "open-1").write_bytes(b"1" * 64)
+    creating = root / "wal" / "tmp-open-2"
+    creating.write_bytes(b"2" * 64)
+    renamer = threading.Timer(0.1, os.rename, (creating, root / "wal" / "open-2"))
+    renamer.start()
+    try:
+        record = _record_files(str(root), None, trusted=True)
+    finally:
+        renamer.join()
+    assert sorted(record) == ["wal/open-1", "wal/open-2"]
+
+    gone = root / "wal" / "open-3"
+    gone.write_bytes(b"3" * 64)
+    digest = qdrant_files._digest
+
+    def vanish_once(path: str) -> str:  # the file goes after the listing, once
+        if path.endswith("open-3") and gone.exists():
+            gone.unlink()
+            raise FileNotFoundError(path)
+        return digest(path)
+
+    monkeypatch.setattr(qdrant_files, "_digest", vanish_once)
+    assert sorted(_record_files(str(root), None, trusted=False)) == ["wal/open-1", "wal/open-2"]
+    monkeypatch.setattr(qdrant_files, "WAL_WAIT_SECONDS", 0.0)  # past the wait: as before
+    creating.write_bytes(b"2" * 64)
+    assert "wal/tmp-open-2" in _record_files(str(root), None, trusted=False)
+
+
 def test_file_system_traits() -> None:
     assert _fs_type("/proc/self") == "proc"
     if _fs_type("/dev/shm") != "tmpfs" or not os.access("/dev/shm", os.W_OK):

@@ -156,14 +156,41 @@ def _shard_stats(root: str) -> tuple[Stats, list[str]]:
     return stats, odd
 
 
+#: a write-ahead-log segment the engine is still creating: a background thread of an open
+#: shard writes ``wal/tmp-open-N`` and renames it ``open-N`` (seen in a CI run under load: a
+#: record listed the first name, then found neither; one that had hashed it in time would have
+#: recorded a name gone a moment later, which the next open calls missing)
+_WAL_CREATING = re.compile(r"(^|/)wal/tmp-")
+#: how long a record waits for such a segment (then records what it finds, as before)
+WAL_WAIT_SECONDS = 5.0
+
+
 def _record_files(root: str, previous: Files | None, trusted: bool) -> Files:
     """Size and :func:`_digest` of every shard file. With ``trusted`` (see :func:`_stats_trusted`)
     a file whose (size, mtime_ns, inode) is what the previous record saw keeps its checksum
     (commits stay cheap when few files change), unless that record marked it ``racy``: it had
     been modified just before it was hashed, so a later change could have kept its mtime (a
     coarse clock tick, :func:`_racy`). A file changed behind unchanged stats by anything else
-    keeps its old, now wrong, checksum: never blessed, found by the next full check."""
-    stats, odd = _shard_stats(root)
+    keeps its old, now wrong, checksum: never blessed, found by the next full check. A record
+    made while the engine creates a log segment (:data:`_WAL_CREATING`), or that loses a file
+    between listing and hashing it, waits and lists again."""
+    deadline = time.monotonic() + WAL_WAIT_SECONDS
+    while True:
+        stats, odd = _shard_stats(root)
+        settling = time.monotonic() < deadline
+        if settling and any(_WAL_CREATING.search(rel) for rel in stats):
+            time.sleep(0.005)
+            continue
+        try:
+            return _hashed_files(root, stats, odd, previous, trusted)
+        except FileNotFoundError:
+            if not settling:
+                raise
+            time.sleep(0.005)
+
+
+def _hashed_files(root: str, stats: Stats, odd: list[str], previous: Files | None, trusted: bool) -> Files:
+    """:func:`_record_files` for one listing of the shard."""
     if odd:
         raise CorruptIndexError(f"{root}/{odd[0]} is not a plain file or folder")
     now = time.time_ns()  # before hashing: a file changed later than this is re-hashed anyway
