@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 XQUAD = SHARED / "data" / "xquad-r"
 EXAMPLES = REPO / "examples" / "corpus"
+
+
+@pytest.fixture
+def bench(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The benchmark script that the test module names in ``BENCHMARK`` (``benchmarks/<name>.py``),
+    imported with ``benchmarks/`` on the path, as the scripts import their siblings."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module(request.module.BENCHMARK)
 
 
 @pytest.fixture(autouse=True)

@@ -7,15 +7,11 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO, XQUAD
+from conftest import XQUAD
 
 
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import batch_plan
-
-    return batch_plan
+#: the script under test, imported by conftest's ``bench`` fixture
+BENCHMARK = "batch_plan"
 
 
 def test_tiny_run(bench: ModuleType, tiny_model: Path) -> None:

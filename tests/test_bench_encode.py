@@ -8,15 +8,11 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO, XQUAD
+from conftest import XQUAD
 
 
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import encode_speed
-
-    return encode_speed
+#: the script under test, imported by conftest's ``bench`` fixture
+BENCHMARK = "encode_speed"
 
 
 def test_flop_formula_matches_the_anchor(bench: ModuleType) -> None:

@@ -7,15 +7,11 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO, XQUAD
+from conftest import XQUAD
 
 
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import int8_documents
-
-    return int8_documents
+#: the script under test, imported by conftest's ``bench`` fixture
+BENCHMARK = "int8_documents"
 
 
 @pytest.mark.slow

@@ -7,15 +7,10 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from conftest import REPO
 
 
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import query_latency
-
-    return query_latency
+#: the script under test, imported by conftest's ``bench`` fixture
+BENCHMARK = "query_latency"
 
 
 def test_linear_time_counts_the_models_matrix_multiplies(bench: ModuleType, tiny_model: Path) -> None:

@@ -7,15 +7,10 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO
 
 
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import model_memory
-
-    return model_memory
+#: the script under test, imported by conftest's ``bench`` fixture
+BENCHMARK = "model_memory"
 
 
 @pytest.mark.slow  # ten Python processes that import torch

@@ -7,15 +7,11 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO, XQUAD
+from conftest import XQUAD
 
 
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import precision_probe
-
-    return precision_probe
+#: the script under test, imported by conftest's ``bench`` fixture
+BENCHMARK = "precision_probe"
 
 
 @pytest.mark.slow
