@@ -52,6 +52,20 @@ def _torch_default() -> str | None:
     return os.path.abspath(default_cache_dir())
 
 
+def _freezing() -> Any:
+    """Inductor's ``freezing`` on for a compiled call (a context manager).
+
+    Freezing makes the weights constants of the graph (an inference model's never change), so
+    Inductor packs them once and folds what depends on them alone; int8 layers (oneDNN's
+    product) compile only so. Compilation happens inside a call, and torch.compile's own
+    ``options`` did not reach this setting in time (torch 2.13: the int8 graph failed), so it
+    is patched around the call. torch keeps Inductor's settings per thread (context
+    variables), so the patch touches the calling thread only, whatever others do meanwhile."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(freezing=True)
+
+
 class CompiledForward:
     """``model``'s forward pass on (input ids, mask), compiled on first call; eager from the
     first failure on (no compiler, an operation Inductor refuses), with one warning."""
@@ -72,15 +86,8 @@ class CompiledForward:
         """The last hidden states of ``model(input_ids=ids, attention_mask=mask)``."""
         compiled = self.compiled
         if compiled is not None:
-            import torch._inductor.config as inductor_config
-
             try:
-                # freezing: the weights are constants of the graph (an inference model's never
-                # change), so Inductor packs them once and folds what depends on them alone;
-                # int8 layers (oneDNN's product) compile only so. Compilation happens inside
-                # a call, and torch.compile's own ``options`` did not reach this setting in
-                # time (torch 2.13: the int8 graph failed to compile): hence the patch
-                with inductor_config.patch(freezing=True):
+                with _freezing():
                     return compiled(input_ids=ids, attention_mask=mask).last_hidden_state
             except Exception as exc:  # noqa: BLE001 (compiler errors come in many types)
                 with self._lock:

@@ -121,3 +121,32 @@ def test_inductor_s_cache_is_vecplug_s_unless_the_user_set_one(fresh_machine: Pa
     mine = str(tmp_path / "my-inductor-cache")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", mine)
     assert inductor_cache() == mine
+
+
+def test_freezing_is_on_during_compiled_calls_and_given_back_across_threads() -> None:
+    """Calls from two threads that overlap each compile with freezing, and leave Inductor's
+    setting as it was (torch keeps it per thread: a patch in one thread is not another's)."""
+    import threading
+
+    import torch._inductor.config as inductor_config
+
+    from vecplug.indexer.compiled import _freezing
+
+    before = inductor_config.freezing
+    entered, release = threading.Barrier(2), threading.Event()
+    seen: list[bool] = []
+
+    def call() -> None:
+        with _freezing():
+            entered.wait(timeout=5)
+            seen.append(inductor_config.freezing)
+            release.wait(timeout=5)
+
+    first = threading.Thread(target=call)
+    first.start()
+    second = threading.Thread(target=call)
+    second.start()
+    release.set()
+    first.join()
+    second.join()
+    assert seen == [True, True] and inductor_config.freezing == before
