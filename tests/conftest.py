@@ -26,6 +26,27 @@ def bench(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Mo
     return importlib.import_module(request.module.BENCHMARK)
 
 
+def run_on_xquad(bench: ModuleType, out: Path, *args: str) -> dict[str, Any]:
+    """``bench.main`` on 60 XQuAD-R sentences and questions (skipped without the data), with
+    ``args``: the JSON it saved at ``out``, its counts checked."""
+    if not XQUAD.is_dir():
+        pytest.skip("XQuAD-R data not available")
+    assert bench.main(["--data", str(XQUAD), "--limit", "60", *args, "--json", str(out)]) == 0
+    r = json.loads(out.read_text(encoding="utf-8"))
+    assert r["sentences"] == 60 and r["questions"] == 60
+    return r
+
+
+def quality_rows(r: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """A documents-by-queries benchmark's quality rows by (documents, queries), two document
+    sets by two query sets, each score a share."""
+    rows = {(x["documents"], x["queries"]): x for x in r["quality"]}
+    assert len(rows) == 6
+    for x in rows.values():
+        assert 0 < x["xy_map20"] <= 1 and 0 < x["mono_mrr10"] <= 1
+    return rows
+
+
 @pytest.fixture(autouse=True)
 def fresh_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No state from earlier runs: private VECPLUG_HOME and Hugging Face caches, offline,

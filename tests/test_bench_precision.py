@@ -1,13 +1,12 @@
 """benchmarks/precision_probe.py: a tiny real run on the real model, both precisions."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from conftest import XQUAD
+from conftest import XQUAD, quality_rows, run_on_xquad
 
 
 #: the script under test, imported by conftest's ``bench`` fixture
@@ -16,19 +15,10 @@ BENCHMARK = "precision_probe"
 
 @pytest.mark.slow
 def test_tiny_run_on_the_real_model(bench: ModuleType, built_me5: Path, tmp_path: Path) -> None:
-    if not XQUAD.is_dir():
-        pytest.skip("XQuAD-R data not available")
-    out = tmp_path / "probe.json"
-    assert bench.main(["--data", str(XQUAD), "--limit", "60", "--latency-queries", "3", "--chunks", "2",
-                       "--json", str(out)]) == 0
-    r = json.loads(out.read_text(encoding="utf-8"))
-    assert r["sentences"] == 60 and r["questions"] == 60
+    r = run_on_xquad(bench, tmp_path / "probe.json", "--latency-queries", "3", "--chunks", "2")
     assert r["langs"] == ["ar", "de", "en", "es", "ru", "zh"]  # spread, not the first file's only
     assert r["document_cosine"]["min"] > 0.999  # bfloat16 vectors: nearly float32's
-    rows = {(x["documents"], x["queries"]): x for x in r["quality"]}
-    assert len(rows) == 6
-    for x in rows.values():
-        assert 0 < x["xy_map20"] <= 1 and 0 < x["mono_mrr10"] <= 1
+    rows = quality_rows(r)
     # the same queries over the two document sets rank nearly alike
     assert abs(rows[("bfloat16", "student int8")]["xy_map20"] - rows[("float32", "student int8")]["xy_map20"]) < 0.05
     latency = {x["queries"]: x for x in r["latency"]}
