@@ -1,24 +1,46 @@
 #!/usr/bin/env bash
 # The adapter layer on XQuAD-R (six languages pooled): modes x query encoder (teacher, shipped
 # student) x reranking (none, teacher) x language-bias correction (off, on) x translation
-# consensus (off, on), then prefer.
-# Writes benchmarks/results/eval/{report.md,report.json,heatmap-*.svg} and
-# benchmarks/results/eval-prefer/. About half an hour on a 2-core machine; run nothing else
-# meanwhile (two torch jobs on two cores slow each other down many times over).
+# consensus (off, on), then prefer, then the gated teacher reranker (the student's queries
+# reranked only below a first-stage margin; the correction on, as new indexes have it).
+# Writes benchmarks/results/eval/{report.md,report.json,heatmap-*.svg},
+# benchmarks/results/eval-prefer/ and benchmarks/results/eval-gate/. About 45 minutes on a
+# 2-core machine; run nothing else meanwhile (two torch jobs on two cores slow each other
+# down many times over).
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
-#      INDEX (default: a temporary folder; give one to reuse the encoded pool).
+#      INDEX (default: a temporary folder; give one to reuse the encoded pool),
+#      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those),
+#      GATES (default: "0.02 0.045 0.08 0.13": the student's margins at its 20th, 40th, 60th
+#      and 80th percentiles on this set, with the correction: benchmarks/results/eval-gate/).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STUDENT="${STUDENT:-me5-small-student-k6}"
+RUNS="${RUNS:-eval eval-prefer eval-gate}"
+GATES="${GATES:-0.02 0.045 0.08 0.13}"
 index="${INDEX:-$tmp/xquad-r}"
 mkdir -p "$here/results"
-"$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small --query-encoder "$STUDENT" \
-    --mode xy --mode mono --rerank none --rerank teacher --debias both --consensus both \
-    --out "$tmp/eval" --summary-only -q > "$tmp/eval.md"
-"$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode prefer \
-    --debias both --consensus both --out "$tmp/eval-prefer" --summary-only -q > "$tmp/eval-prefer.md"
-# results replace the previous ones only when both runs finished
-for name in eval eval-prefer; do
+for name in $RUNS; do
+    case "$name" in
+        eval) "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small --query-encoder "$STUDENT" \
+                  --mode xy --mode mono --rerank none --rerank teacher --debias both --consensus both \
+                  --out "$tmp/eval" --summary-only -q > "$tmp/eval.md" ;;
+        eval-prefer) "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode prefer \
+                  --debias both --consensus both --out "$tmp/eval-prefer" --summary-only -q > "$tmp/eval-prefer.md" ;;
+        eval-gate)
+            gates=(--rerank-gate always)
+            for g in $GATES; do gates+=(--rerank-gate "$g"); done
+            "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode xy --mode mono \
+                  --rerank none --rerank teacher "${gates[@]}" --debias on \
+                  --out "$tmp/eval-gate" --summary-only -q > "$tmp/eval-gate.md"
+            # the teacher alone, in the same conditions: what the gated reranker is weighed against
+            "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small --mode xy --mode mono \
+                  --debias on --out "$tmp/eval-gate/teacher" --summary-only -q > "$tmp/eval-gate-teacher.md" ;;
+        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate)" >&2; exit 2 ;;
+    esac
+done
+# results replace the previous ones only when every run asked for finished
+for name in $RUNS; do
     rm -rf "$here/results/$name"
     mv "$tmp/$name" "$here/results/$name"
+    cat "$here/results/$name/report.md"
+    if [[ -f "$here/results/$name/teacher/report.md" ]]; then cat "$here/results/$name/teacher/report.md"; fi
 done
-cat "$here/results/eval/report.md" "$here/results/eval-prefer/report.md"

@@ -91,3 +91,17 @@ def test_the_general_int8_recipe_is_timed_beside_a_student_s(bench: ModuleType, 
     linears = [m for m in general.model.modules() if type(m) is torch.nn.Linear]
     assert len(linears) == 1 and linears[0].in_features > linears[0].out_features
     assert not [m for m in enc.query.model.modules() if type(m) is torch.nn.Linear]
+
+
+def test_a_gated_rerank_row_says_how_many_it_reranked(bench: ModuleType) -> None:
+    """Gated rows mix two kinds of query: the share reranked and the mean are in the table."""
+    result = {"documents": 3, "langs": ["en"], "debias": True, "queries": 10, "rerank_depth": 50,
+              "rows": [{"query_encoder": "s", "stage": "xy + teacher rerank below margin 0.05", "threads": 1,
+                        "p50_ms": 6.0, "p95_ms": 25.0, "mean_ms": 12.5, "reranked": 0.4},
+                       {"query_encoder": "s", "stage": "xy, batched", "threads": 2, "queries_per_s": 300.0}],
+              "linears": {}}
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in bench.render(result).splitlines()
+            if line.startswith("| s ")]
+    # queries/s of a one-at-a-time row: 1000 / mean
+    assert rows == [["s", "xy + teacher rerank below margin 0.05 (40% reranked)", "1", "6.0", "25.0", "12.5", "80"],
+                    ["s", "xy, batched", "2", "-", "-", "-", "300"]]

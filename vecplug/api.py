@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import datetime as _dt
 import operator
 import os
@@ -40,6 +41,10 @@ class SearchResult:
     seconds: float
     #: the first-stage query vector
     vector: Any = field(default=None, repr=False)
+    #: whether a reranker rescored this query's candidates (None: no reranker asked; False:
+    #: not rescored, because the gate, ``search.rerank_gate``, found the first stage sure
+    #: enough, or because the first stage found nothing)
+    reranked: bool | None = None
 
     def __iter__(self) -> Iterator[Hit]:
         return iter(self.hits)
@@ -52,7 +57,8 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"query": self.query, "lang": self.lang, "mode": self.mode,
-                "seconds": self.seconds, "hits": [h.to_dict() for h in self.hits]}
+                "seconds": self.seconds, "reranked": self.reranked,
+                "hits": [h.to_dict() for h in self.hits]}
 
 
 def _store_target(settings: Settings, name: str | None = None) -> tuple[type, str, dict[str, Any]]:
@@ -117,6 +123,16 @@ def _integer(name: str, value: Any) -> int:
         return operator.index(value)
     except TypeError:
         raise ConfigError(f"{name} must be an integer, not {type(value).__name__}") from None
+
+
+def _gate(value: Any) -> float | None:
+    """A rerank gate as given (None: rerank every query), checked: a margin above zero."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"rerank_gate is a score margin above 0 (e.g. 0.03), or None for every query; "
+                          f"not {value!r}")
+    return float(value)
 
 
 def _blank(text: str) -> bool:
@@ -577,14 +593,17 @@ class Index:
                lang: str | None = None, langs: Sequence[str] | None = None,
                rerank: str | None = None, rerank_depth: int | None = None,
                debias: bool | None = None, ef: int | None = None,
-               consensus: bool | None = None) -> SearchResult:
+               consensus: bool | None = None, rerank_gate: float | None = None) -> SearchResult:
         """The ``k`` best documents for ``query``.
 
         ``mode``: ``xy`` (every language), ``mono`` (the query's language) or ``prefer``
         (every language, the query's ranked up); ``lang`` is the query's language (default:
         detected); ``langs`` limits the answers to those languages; ``rerank`` names a
         second stage (``teacher``, ``fields``, ``cross-encoder:MODEL``) applied to the top
-        ``rerank_depth`` candidates; ``debias`` switches the language-bias correction; ``ef``
+        ``rerank_depth`` candidates, for every query or, with ``rerank_gate``, only when the
+        first stage's margin (its best minus its second-best score in the query's language;
+        :mod:`vecplug.adapters.rerank.gate`) is below it; ``debias`` switches the language-bias
+        correction; ``ef``
         sets the HNSW search breadth for this query (more exact, slower); ``consensus``
         switches translation consensus (pooled modes: an answer's copies in other languages
         count for it and follow it; :mod:`vecplug.adapters.consensus`).
@@ -598,14 +617,14 @@ class Index:
             raise VecplugError("the query holds a NUL or an undecodable byte (not UTF-8?)")
         return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
                                  rerank=rerank, rerank_depth=rerank_depth, debias=debias, ef=ef,
-                                 consensus=consensus)[0]
+                                 consensus=consensus, rerank_gate=rerank_gate)[0]
 
     def search_batch(self, queries: Sequence[str], k: int | None = None, *, mode: str | None = None,
                      langs: Sequence[str | None] | None = None,
                      target_langs: Sequence[str] | None = None, rerank: str | None = None,
                      rerank_depth: int | None = None, debias: bool | None = None,
                      ef: int | None = None, consensus: bool | None = None,
-                     progress: bool = False) -> list[SearchResult]:
+                     rerank_gate: float | None = None, progress: bool = False) -> list[SearchResult]:
         """:meth:`search` for many queries at once (queries are encoded in batches).
 
         Here ``langs`` gives each query's language, one per query (None entries are
@@ -650,9 +669,9 @@ class Index:
         if rerank_depth < 1:
             raise ConfigError(f"rerank_depth must be at least 1, not {rerank_depth}")
         reranker = self._reranker(rerank if rerank is not None else s.rerank)
-        depth = max(k, rerank_depth) if reranker is not None else k
-        if mode == "prefer":
-            depth = max(depth, 2 * k)  # room for the boost to reorder
+        gate = _gate(s.rerank_gate if rerank_gate is None else rerank_gate)
+        shallow = 2 * k if mode == "prefer" else k  # prefer: room for the boost to reorder
+        depth = max(shallow, rerank_depth) if reranker is not None else shallow
         encoder, detector = self.encoder, self.detector
         encoder.query  # the query model loads on first use: load it before timing
         means = self.language_means() if debias and mode != "mono" else None
@@ -667,6 +686,7 @@ class Index:
         if reranker is not None:
             from vecplug.adapters.bias import exact_scores
             from vecplug.adapters.rerank import Query, RerankContext
+            from vecplug.adapters.rerank.gate import unsure
 
             context = RerankContext(encoder, self.store,
                                     lambda qv, cands, ql: exact_scores(self.store, means, qv, ql, cands),
@@ -681,32 +701,46 @@ class Index:
                                f"{queries[int(np.argmax(bad))]!r}")
         # with a reranker, consensus regroups the reranker's list instead of the first stage's
         first_group = group if reranker is None else None
-        candidates = [self._first_stage(v, ql, mode, depth, target, means, ef, first_group,
-                                        single=len(queries) == 1)
+        # with a gate, every query first gets the search it would get without a reranker
+        # (consensus included); the gate reads its margin there, and only the queries it lets
+        # through are searched again for the reranker, to its depth
+        gate_first = reranker is not None and gate is not None
+        candidates = [self._first_stage(v, ql, mode, shallow if gate_first else depth, target, means, ef,
+                                        group if gate_first else first_group, single=len(queries) == 1)
                       for v, ql in zip(vectors, qlangs)]
         boosts = [s.prefer_boost] * len(queries)
+        reranked: list[bool | None] = [None] * len(queries)
         if reranker is not None:
+            chosen = unsure(candidates, qlangs, gate)
+            if gate_first and (depth > shallow or group is not None):
+                for i in chosen:
+                    candidates[i] = self._first_stage(vectors[i], qlangs[i], mode, depth, target, means, ef,
+                                                      first_group, single=len(queries) == 1)
             if mode == "prefer":
                 # the reranker reads rerank_depth candidates, as in the other modes: the best
                 # with the preference (the first stage gave the pooled and same-language lists)
                 cut = max(k, rerank_depth)
-                candidates = [modes.apply_preference(c, ql, s.prefer_boost, keep_scores=True)[:cut]
-                              for c, ql in zip(candidates, qlangs)]
-            before = candidates
-            candidates = reranker.rerank([Query(q, ql, v) for q, ql, v in zip(queries, qlangs, vectors)],
-                                         candidates, context)
-            if mode == "prefer":  # the boost on the reranker's scale
-                boosts = [modes.boost_on_scale(s.prefer_boost, b, a) for b, a in zip(before, candidates)]
-            if group is not None:
-                candidates = [group.regroup(self.store, c) for c in candidates]
+                for i in chosen:
+                    candidates[i] = modes.apply_preference(candidates[i], qlangs[i], s.prefer_boost,
+                                                           keep_scores=True)[:cut]
+            reranked = [False] * len(queries)
+            if chosen:
+                rescored = reranker.rerank([Query(queries[i], qlangs[i], vectors[i]) for i in chosen],
+                                           [candidates[i] for i in chosen], context)
+                for i, new in zip(chosen, rescored):
+                    if mode == "prefer":  # the boost on the reranker's scale
+                        boosts[i] = modes.boost_on_scale(s.prefer_boost, candidates[i], new)
+                    candidates[i], reranked[i] = new, True
+            if group is not None:  # the reranked lists (the others were regrouped in the search)
+                candidates = [group.regroup(self.store, c) if done else c for c, done in zip(candidates, reranked)]
         if mode == "prefer":
             candidates = [modes.apply_preference(c, ql, b) for c, ql, b in zip(candidates, qlangs, boosts)]
         share = (time.perf_counter() - t0) / max(1, len(queries))
         return [SearchResult(q, ql, mode,
                              [Hit(h.record.id, float(h.score), h.record.text, h.record.lang, h.record.source,
                                   h.record.payload, rank) for rank, h in enumerate(c[:k], 1)],
-                             share, v)
-                for q, ql, c, v in zip(queries, qlangs, candidates, vectors)]
+                             share, v, done)
+                for q, ql, c, v, done in zip(queries, qlangs, candidates, vectors, reranked)]
 
     def _first_stage(self, vector: Any, query_lang: str | None, mode: str, depth: int,
                      target: list[str] | None, means: Any, ef: int | None, group: Any,

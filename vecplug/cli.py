@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -158,6 +159,9 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
               help="Remove each language's mean vector before scoring [default: the index's setting].")
 @click.option("--rerank", metavar="NAME", help="Second stage: teacher, fields, cross-encoder:MODEL, none.")
 @click.option("--rerank-depth", type=int, help="Candidates the reranker rescores [default: 50].")
+@click.option("--rerank-gate", type=float, metavar="MARGIN",
+              help="Rerank only if the first stage's best answer in the query's language leads the "
+                   "next by less than MARGIN [default: always].")
 @click.option("--consensus/--no-consensus", default=None,
               help="Translation consensus (xy, prefer): an answer's copies in other languages count "
                    "for it and follow it [default: off].")
@@ -171,14 +175,16 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
 @_errors
 def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, langs: str | None,
                debias: bool | None, rerank: str | None, rerank_depth: int | None,
-               consensus: bool | None, ef: int | None, int8: bool | None, as_json: bool,
+               rerank_gate: float | None, consensus: bool | None, ef: int | None,
+               int8: bool | None, as_json: bool,
                **common: Any) -> None:
     """Search the index with QUERY."""
     from vecplug.api import Index
 
     settings = _settings(**common, sections={
         "search": {"k": k, "mode": mode, "lang": lang, "langs": langs, "debias": debias,
-                   "rerank": rerank, "rerank_depth": rerank_depth, "consensus": consensus, "ef": ef},
+                   "rerank": rerank, "rerank_depth": rerank_depth, "rerank_gate": rerank_gate,
+                   "consensus": consensus, "ef": ef},
         "model": {"query_quantize": None if int8 is None else "int8" if int8 else "none"}})
     with Index.open(settings) as index:
         result = index.search(query)
@@ -408,6 +414,9 @@ def models_build(name: str, force: bool) -> None:
               help="Second stage of a run: teacher, fields, cross-encoder:MODEL or none (repeatable) "
                    "[default: none].")
 @click.option("--rerank-depth", type=click.IntRange(min=1), help="Candidates a reranker rescores.")
+@click.option("--rerank-gate", "gates", multiple=True, metavar="MARGIN",
+              help="Reranked runs: rerank only queries whose first-stage margin is below MARGIN "
+                   "(repeatable: a run per gate; 'always' is the ungated run) [default: always].")
 @click.option("--debias", type=click.Choice(["on", "off", "both"]),
               help="Language-bias correction: on, off, or both (a run with and one without) "
                    "[default: the index's setting].")
@@ -428,14 +437,14 @@ def models_build(name: str, force: bool) -> None:
 @_errors
 def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | None,
              query_encoders: tuple[str, ...], modes: tuple[str, ...], reranks: tuple[str, ...],
-             rerank_depth: int | None, debias: str | None, no_debias: bool, consensus: str | None,
-             index_path: str | None,
+             rerank_depth: int | None, gates: tuple[str, ...], debias: str | None, no_debias: bool,
+             consensus: str | None, index_path: str | None,
              out: str | None, limit: int | None, per_query: bool, quiet: bool) -> None:
     """Score retrievers on DATASET and print a Markdown report.
 
     DATASET is xquad-r:PATH (a folder of <lang>.json), beir:PATH (corpus.jsonl, queries.jsonl,
     qrels/SPLIT.tsv) or a folder of either kind. One run per combination of --query-encoder,
-    --mode, --rerank, --debias and --consensus.
+    --mode, --rerank (and --rerank-gate), --debias and --consensus.
     """
     from vecplug.config import normalise_langs
     from vecplug.evaluate import evaluate, make_runs, output_folder
@@ -445,6 +454,7 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
         # --no-debias is "--debias off": with on (or both) it is a contradiction, not a request
         raise click.UsageError(f"--no-debias (= --debias off) contradicts --debias {debias}: give one "
                                "of them (--debias both: one run with the correction, one without)")
+    gate_values = [_gate_value(g) for g in gates] or [None]  # before the dataset is read
     # as search's --langs (normalised by the settings): " DE, en" names de.json and en.json
     lang_list = list(normalise_langs(langs)) or None
     data = load_dataset(dataset, langs=lang_list, split=split)
@@ -453,7 +463,8 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
         click.echo(f"{_problem_word(problem)} {problem}", err=True)
     choice = "off" if no_debias else debias
     switch = {None: [None], "on": [True], "off": [False], "both": [False, True]}
-    runs = make_runs(query_encoders or [None], modes, reranks or [None], switch[choice], switch[consensus])
+    runs = make_runs(query_encoders or [None], modes, reranks or [None], switch[choice], switch[consensus],
+                     gate_values)
     log = None if quiet else (lambda message: click.echo(message, err=True))
     if out:
         output_folder(out)  # a folder that cannot be written fails now, not after the evaluation
@@ -467,6 +478,20 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
     if out:
         for path in report.write(out, per_query=per_query):
             click.echo(f"wrote {path}", err=True)
+
+
+def _gate_value(text: str) -> float | None:
+    """An eval --rerank-gate: a margin above 0, or ``always`` (no gate)."""
+    if text.strip().lower() == "always":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{text!r} is neither a margin above 0 (e.g. 0.03) nor 'always'",
+                                 param_hint="'--rerank-gate'")
+    return value
 
 
 def _problem_word(problem: Any) -> str:

@@ -6,7 +6,7 @@ The YAML file mirrors the sections below (unknown keys are rejected)::
              hnsw_m: null, hnsw_ef_construction: null, hnsw_ef_search: null}
     model:  {document: null, query_max_length: null, document_max_length: null}
     corpus: {chunk_tokens: null, chunk_overlap: null, embed_fields: null, lang: null}
-    search: {k: 10, mode: xy, debias: null, rerank: null, rerank_depth: 50}
+    search: {k: 10, mode: xy, debias: null, rerank: null, rerank_depth: 50, rerank_gate: null}
 
 Each key can also be set from the environment as ``VECPLUG_<SECTION>_<KEY>``, e.g.
 ``VECPLUG_INDEX_STORE=qdrant`` or ``VECPLUG_SEARCH_K=5`` (a ``VECPLUG_<SECTION>_`` variable that
@@ -183,6 +183,9 @@ class SearchSettings:
     rerank: str | None = None
     #: first-stage candidates the reranker rescores
     rerank_depth: int = 50
+    #: rerank only the queries whose first-stage margin (best minus second-best score in the
+    #: query's language) is below this; None: every query (:mod:`vecplug.adapters.rerank.gate`)
+    rerank_gate: float | None = None
     #: token limit of a cross-encoder's (query, document) pair
     rerank_max_length: int = 256
     #: HNSW search breadth for these searches (None: the index's ``hnsw_ef_search``); higher
@@ -252,6 +255,10 @@ class Settings:
         # NaN would leave the scores unsortable; inf would tie every same-language answer
         if not math.isfinite(self.search.prefer_boost):
             raise ConfigError(f"search.prefer_boost must be a finite number, not {self.search.prefer_boost}")
+        gate = self.search.rerank_gate
+        if gate is not None and not (math.isfinite(gate) and gate > 0):  # NaN fails too
+            raise ConfigError(f"search.rerank_gate is a score margin above 0 (e.g. 0.03), or null for "
+                              f"every query; not {gate}")
         if not -1.0 <= self.search.consensus_threshold <= 1.0:  # a cosine (NaN fails too)
             raise ConfigError("search.consensus_threshold is a cosine, between -1 and 1, not "
                               f"{self.search.consensus_threshold}")

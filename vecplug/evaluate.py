@@ -84,7 +84,8 @@ class SearchIndex(Protocol):
                      langs: Sequence[str | None] | None = None,
                      target_langs: Sequence[str] | None = None, rerank: str | None = None,
                      rerank_depth: int | None = None, debias: bool | None = None,
-                     consensus: bool | None = None, progress: bool = False) -> list[Any]: ...
+                     consensus: bool | None = None, rerank_gate: float | None = None,
+                     progress: bool = False) -> list[Any]: ...
 
     def score_ids(self, vector: Any, ids: Sequence[str], query_lang: str | None,
                   debias: bool | None = None) -> Any: ...
@@ -98,8 +99,10 @@ class SearchIndex(Protocol):
 class Run:
     """One retriever configuration to score.
 
-    ``query_encoder`` None: the index's default; ``rerank`` None: no second stage; ``debias``
-    None: the index's setting; ``consensus`` (translation consensus) None: ``search.consensus``.
+    ``query_encoder`` None: the index's default; ``rerank`` None: no second stage;
+    ``rerank_gate`` None: the reranker sees every query, else only those whose first-stage
+    margin is below it (``search.rerank_gate``); ``debias`` None: the index's setting;
+    ``consensus`` (translation consensus) None: ``search.consensus``.
     ``label`` names the run in the report (unique per mode).
     """
 
@@ -109,14 +112,18 @@ class Run:
     rerank: str | None = None
     debias: bool | None = None
     consensus: bool | None = None
+    rerank_gate: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode '{self.mode}'; modes: {', '.join(MODES)}")
+        if self.rerank_gate is not None and not self.rerank:
+            raise ConfigError(f"run '{self.label}' gates a reranker (rerank_gate) but has none")
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "query_encoder": self.query_encoder, "mode": self.mode,
-                "rerank": self.rerank, "debias": self.debias, "consensus": self.consensus}
+                "rerank": self.rerank, "rerank_gate": self.rerank_gate, "debias": self.debias,
+                "consensus": self.consensus}
 
 
 def encoder_names(query_encoders: Iterable[str | None]) -> dict[str | None, str]:
@@ -141,14 +148,15 @@ def encoder_names(query_encoders: Iterable[str | None]) -> dict[str | None, str]
 
 
 def run_label(query_encoder: str | None, rerank: str | None, debias: bool | None,
-              names: Mapping[str | None, str] | None = None, consensus: bool | None = None) -> str:
+              names: Mapping[str | None, str] | None = None, consensus: bool | None = None,
+              rerank_gate: float | None = None) -> str:
     """A short name: the query encoder (``names[query_encoder]``, else a folder by its name),
-    then rerank, debias and consensus if set."""
+    then rerank (with its gate), debias and consensus if set."""
     if names is None or query_encoder not in names:
         names = encoder_names([query_encoder])
     parts = [names[query_encoder]]
     if rerank:
-        parts.append(f"rerank {rerank}")
+        parts.append(f"rerank {rerank}" + (f" below margin {rerank_gate:g}" if rerank_gate is not None else ""))
     if debias is not None:
         parts.append("debias" if debias else "no debias")
     if consensus is not None:
@@ -159,10 +167,12 @@ def run_label(query_encoder: str | None, rerank: str | None, debias: bool | None
 def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[str] = DEFAULT_MODES,
               reranks: Sequence[str | None] = (None,),
               debias: Sequence[bool | None] = (None,),
-              consensus: Sequence[bool | None] = (None,)) -> list[Run]:
+              consensus: Sequence[bool | None] = (None,),
+              gates: Sequence[float | None] = (None,)) -> list[Run]:
     """Every combination of the given query encoders, modes, rerankers, debias and consensus
     settings, mode by mode (so each mode's table lists its runs side by side); ``mono`` runs
-    ignore ``debias`` and ``consensus`` (neither changes a one-language ranking)."""
+    ignore ``debias`` and ``consensus`` (neither changes a one-language ranking); each
+    reranked run is made once per rerank gate in ``gates`` (None: ungated)."""
     def unique(values: Sequence[Any]) -> list[Any]:
         return list(dict.fromkeys(values)) or [None]
 
@@ -174,7 +184,8 @@ def make_runs(query_encoders: Sequence[str | None] = (None,), modes: Sequence[st
                 # the correction never changes a mono ranking (one language, one mean): one run
                 for d in (unique(debias) if mode != "mono" else [None]):
                     for c in (unique(consensus) if mode != "mono" else [None]):
-                        runs.append(Run(run_label(q, r, d, names, c), q, mode, r, d, c))
+                        for g in (unique(gates) if r else [None]):
+                            runs.append(Run(run_label(q, r, d, names, c, g), q, mode, r, d, c, g))
     return runs
 
 
@@ -267,6 +278,9 @@ def aggregate(rows: Sequence[Mapping[str, Any]], pooled: bool) -> dict[str, Any]
     seconds = [r["seconds"] for r in rows]
     summary["timing"] = {"seconds": float(sum(seconds)),
                          "ms_per_query": 1000 * metrics.mean(seconds) if seconds else None}
+    reranked = [float(r["reranked"]) for r in rows if r.get("reranked") is not None]
+    # the share of queries the reranker rescored (1.0 ungated; None: no reranker)
+    summary["reranked"] = metrics.mean(reranked) if reranked else None
     if not pooled:
         return summary
     found: dict[str, list[float]] = defaultdict(list)
@@ -328,7 +342,9 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                     log(f"{run.mode}: {run.label} ({len(queries)} queries)")
                 # "none" (not None) so that a reranker named in the settings does not sneak in
                 # consensus only when the run sets it: a SearchIndex of before it needs no new argument
-                chosen = {} if run.consensus is None else {"consensus": run.consensus}
+                chosen: dict[str, Any] = {} if run.consensus is None else {"consensus": run.consensus}
+                if run.rerank_gate is not None:  # likewise
+                    chosen["rerank_gate"] = run.rerank_gate
                 found = index.search_batch(texts, k, mode=run.mode, langs=given, target_langs=(),
                                            rerank=run.rerank or "none", rerank_depth=rerank_depth,
                                            debias=run.debias, progress=progress, **chosen)
@@ -345,7 +361,7 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                         continue
                     hits = list(result.hits)
                     row = {"id": q.id, "lang": qlang, "search_lang": getattr(result, "lang", None),
-                           "seconds": float(result.seconds),
+                           "seconds": float(result.seconds), "reranked": getattr(result, "reranked", None),
                            **score_query([h.id for h in hits], [h.lang for h in hits], relevance, qlang,
                                          doc_langs, pooled)}
                     if pooled:
@@ -736,6 +752,9 @@ def render_markdown(report: EvalReport) -> str:
         if mode in POOLED:
             rows.append([f"same-language share of top {BIAS_K}",
                          *(pct(r.summary["bias"]["same_lang@10"]) for r in group)])
+        if any(r.run.rerank_gate is not None for r in group):
+            rows.append(["queries reranked", *("-" if r.summary.get("reranked") is None else
+                                               pct(r.summary["reranked"]) for r in group)])
         rows.append(["ms per query", *(fmt(r.summary["timing"]["ms_per_query"], 1) for r in group)])
         rows.append(["queries", *(f"{r.summary['overall']['queries']:,}" for r in group)])
         if any(r.summary.get("skipped_queries") for r in group):

@@ -38,11 +38,12 @@ class QdrantSearcher:
     def search(self, query: str, k: int = 10, *, mode: str = "xy", lang: str | None = None,
                langs: Any = None, debias: bool | None = None, rerank: str | None = None,
                rerank_depth: int | None = None, ef: int | None = None,
-               consensus: bool | None = None) -> Any:
+               consensus: bool | None = None, rerank_gate: float | None = None) -> Any:
         """A :class:`vecplug.api.SearchResult` for ``query``; the arguments are
         :meth:`vecplug.api.Index.search`'s (``langs``: answers only in these languages)."""
         return self.index.search(query, k, mode=mode, lang=lang, langs=langs, debias=debias,
-                                 rerank=rerank, rerank_depth=rerank_depth, ef=ef, consensus=consensus)
+                                 rerank=rerank, rerank_depth=rerank_depth, ef=ef, consensus=consensus,
+                                 rerank_gate=rerank_gate)
 
     def close(self) -> None:
         self.index.close()  # the caller's client stays open
