@@ -170,6 +170,8 @@ def test_cli_search_takes_the_gate(tmp_path: Path, tiny_model: Path, reverse_plu
     run = CliRunner().invoke(cli, ["search", "water boils", "--index", str(tmp_path / "idx"),
                                    "--rerank", "reverse", "--rerank-gate", "-1"])
     assert run.exit_code != 0 and "search.rerank_gate is a score margin above 0" in run.output
+    run = CliRunner().invoke(cli, ["search", "water boils", "--index", str(tmp_path / "idx"), "--rerank-gate", "0.1"])
+    assert run.exit_code == 2 and "--rerank-gate gates a reranker: give one with --rerank" in run.output
 
 
 def test_eval_runs_one_reranked_run_per_gate() -> None:
@@ -181,8 +183,10 @@ def test_eval_runs_one_reranked_run_per_gate() -> None:
     assert runs[2].to_dict()["rerank_gate"] == 0.05
     with pytest.raises(ConfigError, match="gates a reranker"):
         Run("x", rerank_gate=0.05)
-    bad = CliRunner().invoke(cli, ["eval", "somewhere", "--rerank-gate", "soon"])
+    bad = CliRunner().invoke(cli, ["eval", "somewhere", "--rerank", "teacher", "--rerank-gate", "soon"])
     assert bad.exit_code == 2 and "neither a margin above 0" in bad.output
+    bad = CliRunner().invoke(cli, ["eval", "somewhere", "--rerank", "none", "--rerank-gate", "0.1"])
+    assert bad.exit_code == 2 and "--rerank-gate gates a reranker" in bad.output
 
 
 def test_eval_reports_the_share_reranked(tmp_path: Path, tiny_model: Path, reverse_plugin: None) -> None:
