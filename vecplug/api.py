@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import datetime as _dt
+import math
 import operator
 import os
 import time
@@ -603,8 +603,7 @@ class Index:
         ``rerank_depth`` candidates, for every query or, with ``rerank_gate``, only when the
         first stage's margin (its best minus its second-best score in the query's language;
         :mod:`vecplug.adapters.rerank.gate`) is below it; ``debias`` switches the language-bias
-        correction; ``ef``
-        sets the HNSW search breadth for this query (more exact, slower); ``consensus``
+        correction; ``ef`` sets the HNSW search breadth for this query (more exact, slower); ``consensus``
         switches translation consensus (pooled modes: an answer's copies in other languages
         count for it and follow it; :mod:`vecplug.adapters.consensus`).
         Unset arguments come from the settings (and ``debias`` from the index).
