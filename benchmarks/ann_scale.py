@@ -177,6 +177,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, help="work folder (data and ground truth cached here); "
                                              "default: a new folder under /tmp, removed at the end")
     p.add_argument("--keep", action="store_true", help="keep the indexes (and a default work folder)")
+    p.add_argument("--data-only", action="store_true",
+                   help="only make (or find) the data and exact neighbours in --work, for ann_crowding.py")
     p.add_argument("--sweep", action="store_true", help="also sweep M x ef_construction (raw hnswlib, smallest size)")
     p.add_argument("--sweep-M", type=int, nargs="+", default=[12, 16, 24, 32])
     p.add_argument("--sweep-ef-construction", type=int, nargs="+", default=[100, 200])
@@ -685,6 +687,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"data: {n:,} x {args.dim} ...", file=sys.stderr, flush=True)
             data = make_data(args, n, work)
             data_stats[str(n)] = data["stats"]
+            if args.data_only:
+                continue
             for backend in args.backends:
                 if n in sizes_of[backend]:
                     rows.append(measure(args, backend, data, work, args.M, args.ef_construction, f"{backend}-{n}"))

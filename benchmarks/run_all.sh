@@ -10,7 +10,8 @@
 #              documents against both, query latency
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
 #              vectors, on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
-#              and on a million real ones of Debian's documentation: ann_scale_debian.md)
+#              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
+#              how near-tied their exact top 10 is: ann_crowding_debian.md)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
 #         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
@@ -88,7 +89,9 @@ else
                             --out "$WORK/debian-1m-me5-small.npy"
                         run_as ann_scale_debian ann_scale --vectors "$WORK/debian-1m-me5-small.npy" \
                             --sizes 1000000 --backends hnswlib raw-hnswlib --commit-every 100000 \
-                            --work "$WORK/ann" ;;
+                            --work "$WORK/ann"
+                        # how near-tied its exact top 10 is (the ceiling on strict recall)
+                        run_as ann_crowding_debian ann_crowding --work "$WORK/ann" ;;
             # with the cross-encoder of benchmarks/train_example.sh when it has been trained
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
@@ -107,7 +110,8 @@ fi
     echo "Made by \`benchmarks/run_all.sh $*\` (BENCH=\"$BENCH\"), started $started, finished $(date -u +%Y-%m-%dT%H:%M:%SZ);"
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
-    for name in ${ALL/ann_real/ann_scale_real}; do
+    reports="${ALL/ann_real/ann_scale_real}"
+    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian}; do
         if [[ -f "$out/$name.md" ]]; then
             echo
             cat "$out/$name.md"
