@@ -701,8 +701,8 @@ class Index:
         # with a reranker, consensus regroups the reranker's list instead of the first stage's
         first_group = group if reranker is None else None
         # with a gate, every query first gets the search it would get without a reranker
-        # (consensus included); the gate reads its margin there, and only the queries it lets
-        # through are searched again for the reranker, to its depth
+        # (consensus included); the gate reads its margin there, and only the queries it sends
+        # on to the reranker are searched again, to the reranker's depth
         gate_first = reranker is not None and gate is not None
         candidates = [self._first_stage(v, ql, mode, shallow if gate_first else depth, target, means, ef,
                                         group if gate_first else first_group, single=len(queries) == 1)
