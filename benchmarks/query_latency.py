@@ -203,7 +203,6 @@ def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
             continue
         torch.set_num_threads(threads)
         fn(sample[0])  # models (the reranker's teacher too) load outside the clock
-        reranked.pop(name, None)
         lat = timed(fn, sample)
         rows.append(_row(spec, name, threads, lat, traced=index.encoder.query.graph is not None))
         if name in reranked:  # the timed queries' share (the warm-up's are not counted)

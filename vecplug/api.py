@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import math
 import operator
 import os
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 from vecplug._version import __version__
 from vecplug.config import DEFAULT_COLLECTION, MAX_COUNT, Settings, load_settings, normalise_langs
+from vecplug.config import rerank_gate as check_gate
 from vecplug.errors import ConfigError, IndexNotFoundError, ModelMismatchError, VecplugError
 from vecplug.indexer.pipeline import IndexReport
 from vecplug.types import Document, Hit, lang_code
@@ -123,16 +123,6 @@ def _integer(name: str, value: Any) -> int:
         return operator.index(value)
     except TypeError:
         raise ConfigError(f"{name} must be an integer, not {type(value).__name__}") from None
-
-
-def _gate(value: Any) -> float | None:
-    """A rerank gate as given (None: rerank every query), checked: a margin above zero."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"rerank_gate is a score margin above 0 (e.g. 0.03), or None for every query; "
-                          f"not {value!r}")
-    return float(value)
 
 
 def _blank(text: str) -> bool:
@@ -668,7 +658,7 @@ class Index:
         if rerank_depth < 1:
             raise ConfigError(f"rerank_depth must be at least 1, not {rerank_depth}")
         reranker = self._reranker(rerank if rerank is not None else s.rerank)
-        gate = _gate(s.rerank_gate if rerank_gate is None else rerank_gate)
+        gate = check_gate(s.rerank_gate if rerank_gate is None else rerank_gate)
         shallow = 2 * k if mode == "prefer" else k  # prefer: room for the boost to reorder
         depth = max(shallow, rerank_depth) if reranker is not None else shallow
         encoder, detector = self.encoder, self.detector
@@ -708,7 +698,8 @@ class Index:
                                         group if gate_first else first_group, single=len(queries) == 1)
                       for v, ql in zip(vectors, qlangs)]
         boosts = [s.prefer_boost] * len(queries)
-        reranked: list[bool | None] = [None] * len(queries)
+        # None: no reranker asked; False until the reranker has rescored the query's candidates
+        reranked: list[bool | None] = [None if reranker is None else False] * len(queries)
         if reranker is not None:
             chosen = unsure(candidates, qlangs, gate)
             if gate_first and (depth > shallow or group is not None):
@@ -722,7 +713,6 @@ class Index:
                 for i in chosen:
                     candidates[i] = modes.apply_preference(candidates[i], qlangs[i], s.prefer_boost,
                                                            keep_scores=True)[:cut]
-            reranked = [False] * len(queries)
             if chosen:
                 rescored = reranker.rerank([Query(queries[i], qlangs[i], vectors[i]) for i in chosen],
                                            [candidates[i] for i in chosen], context)

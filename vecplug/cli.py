@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -487,16 +486,15 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
 
 def _gate_value(text: str) -> float | None:
     """An eval --rerank-gate: a margin above 0, or ``always`` (no gate)."""
+    from vecplug.config import rerank_gate
+
     if text.strip().lower() == "always":
         return None
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+        return rerank_gate(float(text))
+    except (ValueError, VecplugError):
         raise click.BadParameter(f"{text!r} is neither a margin above 0 (e.g. 0.03) nor 'always'",
-                                 param_hint="'--rerank-gate'")
-    return value
+                                 param_hint="'--rerank-gate'") from None
 
 
 def _problem_word(problem: Any) -> str:

@@ -255,10 +255,7 @@ class Settings:
         # NaN would leave the scores unsortable; inf would tie every same-language answer
         if not math.isfinite(self.search.prefer_boost):
             raise ConfigError(f"search.prefer_boost must be a finite number, not {self.search.prefer_boost}")
-        gate = self.search.rerank_gate
-        if gate is not None and not (math.isfinite(gate) and gate > 0):  # NaN fails too
-            raise ConfigError(f"search.rerank_gate is a score margin above 0 (e.g. 0.03), or null for "
-                              f"every query; not {gate}")
+        rerank_gate(self.search.rerank_gate, "search.rerank_gate")
         if not -1.0 <= self.search.consensus_threshold <= 1.0:  # a cosine (NaN fails too)
             raise ConfigError("search.consensus_threshold is a cosine, between -1 and 1, not "
                               f"{self.search.consensus_threshold}")
@@ -271,6 +268,17 @@ class Settings:
             # every record would lack them: a run would report each and prune the whole index
             raise ConfigError("corpus.embed_fields names no field; give at least one (e.g. text)")
         return self
+
+
+def rerank_gate(value: Any, name: str = "rerank_gate") -> float | None:
+    """A rerank gate (``search.rerank_gate``, or a search's ``rerank_gate``) checked: None
+    (every query is reranked) or a finite score margin above 0; else a ConfigError naming it."""
+    if value is None:
+        return None
+    # NaN fails the comparison too; a bool is no margin
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} is a score margin above 0 (e.g. 0.03), or null for every query; not {value!r}")
+    return float(value)
 
 
 SECTIONS: dict[str, type] = {
