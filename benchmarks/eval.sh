@@ -2,14 +2,16 @@
 # The adapter layer on XQuAD-R (six languages pooled): modes x query encoder (teacher, shipped
 # student) x reranking (none, teacher) x language-bias correction (off, on) x translation
 # consensus (off, on), then prefer, then the gated teacher reranker (the student's queries
-# reranked only below a first-stage margin; the correction on, as new indexes have it).
+# reranked only below a first-stage margin; the correction on, as new indexes have it), and
+# with RUNS=eval-gate-int8 the same with the teacher's queries in int8 (the reranker
+# teacher:int8, and the teacher alone with model.query_quantize: int8).
 # Writes benchmarks/results/eval/{report.md,report.json,heatmap-*.svg},
 # benchmarks/results/eval-prefer/ and benchmarks/results/eval-gate/. About 45 minutes on a
 # 2-core machine; run nothing else meanwhile (two torch jobs on two cores slow each other
 # down many times over).
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
 #      INDEX (default: a temporary folder; give one to reuse the encoded pool),
-#      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those),
+#      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those; also eval-gate-int8),
 #      GATES (default: "0.02 0.045 0.08 0.13": the student's margins at its 20th, 40th, 60th
 #      and 80th percentiles on this set, with the correction: benchmarks/results/eval-gate/).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -34,7 +36,16 @@ for name in $RUNS; do
             # the teacher alone, in the same conditions: what the gated reranker is weighed against
             "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small --mode xy --mode mono \
                   --debias on --out "$tmp/eval-gate/teacher" --summary-only -q > "$tmp/eval-gate-teacher.md" ;;
-        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate)" >&2; exit 2 ;;
+        eval-gate-int8)
+            gates=(--rerank-gate always)
+            for g in $GATES; do gates+=(--rerank-gate "$g"); done
+            "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode xy --mode mono \
+                  --rerank none --rerank teacher:int8 "${gates[@]}" --debias on \
+                  --out "$tmp/eval-gate-int8" --summary-only -q > "$tmp/eval-gate-int8.md"
+            VECPLUG_MODEL_QUERY_QUANTIZE=int8 "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small \
+                  --mode xy --mode mono --debias on --out "$tmp/eval-gate-int8/teacher" --summary-only -q \
+                  > "$tmp/eval-gate-int8-teacher.md" ;;
+        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8)" >&2; exit 2 ;;
     esac
 done
 # results replace the previous ones only when every run asked for finished

@@ -17,7 +17,9 @@ call ``vecplug search`` makes once its models are loaded):
 * ``xy + teacher rerank below margin G`` (``--rerank-gates G ...``): the same, the teacher
   consulted only when the student's best answer in the query's language leads the next by
   less than G (``search.rerank_gate``); the share of queries it reranked is reported, and the
-  mean matters more than the p50 here (two kinds of queries).
+  mean matters more than the p50 here (two kinds of queries);
+* with ``--rerankers teacher teacher:int8``, these rows for each reranker given (``teacher:int8``:
+  the teacher's queries in int8, ``adapters/rerank/teacher.py``), labelled by its spec.
 
 One query at a time on one thread (``torch.set_num_threads(1)``, ``model.threads: 1``): p50 and p95 over
 ``--queries`` questions of every language, after a warm-up; then ``xy`` again on ``--threads``
@@ -62,6 +64,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rerank-depth", type=int, default=50)
     p.add_argument("--rerank-gates", type=float, nargs="*", default=[], metavar="G",
                    help="also time the teacher rerank gated at these first-stage margins")
+    p.add_argument("--rerankers", nargs="+", default=["teacher"], metavar="SPEC",
+                   help="teacher rerankers timed: teacher, teacher:int8 [default: teacher]")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     args.langs = parse_langs(args.langs, args.data)
@@ -153,7 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Runtime fixes its threads when a session opens, hence one opening per setting
         for threads in (1, args.threads):
             with Index.open(settings_for(str(args.index), model={**model, "threads": threads})) as index:
-                rows += _time_stages(index, spec, threads, sample, args.rerank_depth, args.rerank_gates)
+                rows += _time_stages(index, spec, threads, sample, args.rerank_depth, args.rerank_gates,
+                                     args.rerankers)
                 if threads == 1:
                     query = index.encoder.query
                     tokens = int(np.median([len(t) for t in query.tokenize(
@@ -173,15 +178,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
-                 rerank_depth: int, gates: Sequence[float] = ()) -> list[dict[str, Any]]:
+                 rerank_depth: int, gates: Sequence[float] = (),
+                 rerankers: Sequence[str] = ("teacher",)) -> list[dict[str, Any]]:
     """Latency rows of each stage, one query at a time (only ``xy`` when ``threads`` > 1)."""
     import torch
 
     reranked: dict[str, list[bool]] = {}
 
-    def gated(gate: float, name: str) -> Callable[[str], Any]:
+    def gated(rerank: str, gate: float, name: str) -> Callable[[str], Any]:
         def fn(text: str) -> Any:
-            result = index.search(text, 10, mode="xy", rerank="teacher", rerank_depth=rerank_depth,
+            result = index.search(text, 10, mode="xy", rerank=rerank, rerank_depth=rerank_depth,
                                   rerank_gate=gate)
             reranked.setdefault(name, []).append(bool(result.reranked))
             return result
@@ -192,11 +198,12 @@ def _time_stages(index: Any, spec: str, threads: int, sample: Sequence[str],
         ("xy", lambda t: index.search(t, 10, mode="xy")),
         ("mono", lambda t: index.search(t, 10, mode="mono")),
     ]
-    if index.encoder.query_info.teacher is not None:  # a student: the teacher reranks it
-        stages.append(("xy + teacher rerank", lambda t: index.search(
-            t, 10, mode="xy", rerank="teacher", rerank_depth=rerank_depth)))
-        stages += [(name, gated(g, name)) for g in gates
-                   for name in [f"xy + teacher rerank below margin {g:g}"]]
+    for rerank in rerankers if index.encoder.query_info.teacher is not None else ():
+        # a student: the teacher reranks it
+        stages.append((f"xy + {rerank} rerank", lambda t, rerank=rerank: index.search(
+            t, 10, mode="xy", rerank=rerank, rerank_depth=rerank_depth)))
+        stages += [(name, gated(rerank, g, name)) for g in gates
+                   for name in [f"xy + {rerank} rerank below margin {g:g}"]]
     rows = []
     for name, fn in stages:
         if threads > 1 and name != "xy":

@@ -11,7 +11,8 @@
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
 #              vectors, on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
-#              how near-tied their exact top 10 is: ann_crowding_debian.md)
+#              how near-tied their exact top 10 is, and how an exact scan of k-means lists
+#              would fare: ann_crowding_debian.md)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
 #         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
@@ -91,7 +92,7 @@ else
                             --sizes 1000000 --backends hnswlib raw-hnswlib --commit-every 100000 \
                             --work "$WORK/ann"
                         # how near-tied its exact top 10 is (the ceiling on strict recall)
-                        run_as ann_crowding_debian ann_crowding --work "$WORK/ann" ;;
+                        run_as ann_crowding_debian ann_crowding --work "$WORK/ann" --partitions 1024 ;;
             # with the cross-encoder of benchmarks/train_example.sh when it has been trained
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"

@@ -484,6 +484,8 @@ class Encoder:
         self.document_int8_version = document_int8_version
         self._document: TextEncoder | None = None
         self._query: TextEncoder | None = None
+        #: the document model in int8 for a reranker's queries (:meth:`teacher_queries`)
+        self._teacher_int8: TextEncoder | None = None
         self.batch_tokens, self.threads = batch_tokens, threads
         self.projection = _projection_of(self.query_info)
         self.dim = int(self.projection["components"].shape[1]) if self.projection else _hidden_size(document)
@@ -533,6 +535,45 @@ class Encoder:
                     self._query = self._load_query()
         return self._query
 
+    def teacher_queries(self, quantize: str | None = None) -> TextEncoder:
+        """The document encoder as a reranker re-embeds queries with it (the teacher of a
+        student): the document side as loaded (``quantize`` None or ``none``), or ``int8``:
+        the documents' int8 recipe run as the teacher's own queries run it under
+        ``model.query_quantize: int8`` (FBGEMM kernels, float32 float layers: what single
+        queries measured fastest with), loaded on first use with the teacher's vocabulary
+        table shared with whichever side holds it. Its vectors (and projection, if any) are
+        the document side's: a query re-embedded here scores against the stored documents."""
+        if quantize in (None, "none"):
+            return self.document
+        if quantize != "int8":
+            from vecplug.errors import ConfigError
+
+            raise ConfigError(f"unknown quantisation '{quantize}' for the teacher's queries; known: none, int8")
+        if self.query_info is self.document_info and self.query_quantize == "int8":
+            return self.query  # the teacher already embeds the queries, in int8
+        if self._teacher_int8 is None:
+            with LOAD_LOCK:
+                if self._teacher_int8 is None:
+                    teacher = TextEncoder(self.document_info, self.batch_tokens, self.threads,
+                                          post=_pca_map(self.projection) if self.projection else None,
+                                          quantize="int8", runtime=self.runtime, trace=self.trace,
+                                          precision=self.precision)
+                    table = self._teacher_table()
+                    if table is not None:  # quantisation leaves the table float: one copy for all
+                        teacher.model.get_input_embeddings().weight = table
+                    self._teacher_int8 = teacher
+        return self._teacher_int8
+
+    def _teacher_table(self) -> Any:
+        """A loaded copy of the document model's vocabulary table, or None."""
+        if self._document is not None:
+            return self._document.model.get_input_embeddings().weight
+        if self._query is not None and self._one_table():
+            return self._query.model.get_input_embeddings().weight
+        if self._teacher_int8 is not None:
+            return self._teacher_int8.model.get_input_embeddings().weight
+        return None
+
     def _load_document(self) -> TextEncoder:
         if self._same_model() and self._query is not None:
             return self._query
@@ -541,10 +582,11 @@ class Encoder:
                                quantize=self.document_quantize, runtime=self.runtime,
                                int8_recipe=self._document_recipe(), trace=self.trace,
                                precision=self.precision, documents=True, compile=self.compile)
-        if self._query is not None and self._one_table():
-            # the query side came first: the documents take its copy of the table (identical
+        table = self._teacher_table()
+        if table is not None:
+            # another side came first: the documents take its copy of the table (identical
             # by checksum), and their own is freed
-            document.model.get_input_embeddings().weight = self._query.model.get_input_embeddings().weight
+            document.model.get_input_embeddings().weight = table
         return document
 
     def _load_query(self) -> TextEncoder:

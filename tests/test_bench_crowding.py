@@ -24,6 +24,7 @@ def test_counts_the_documents_near_the_tenth(bench: ModuleType, tmp_path: Path) 
     np.save(tmp_path / f"base-{key}.npy", base)
     np.save(tmp_path / f"queries-{key}.npy", query)
     np.save(tmp_path / f"gt_scores-{key}.npy", (query @ base.T)[:, :10])
+    np.save(tmp_path / f"gt-{key}.npy", np.arange(10)[None, :])
     (tmp_path / f"stats-{key}.json").write_text(json.dumps({"params": {"n": len(cosines), "vectors": None}}))
     (tmp_path / "stats-orphan.json").write_text("{}")  # no data beside it: skipped
     out = tmp_path / "out.json"
@@ -53,3 +54,39 @@ def test_reads_what_ann_scale_made_with_data_only(bench: ModuleType, tmp_path: P
     medians = [w["median"] for w in s["within"].values()]
     assert s["n"] == 2000 and s["queries"] == 20 and 10 <= medians[0] <= medians[-1] <= 2000
     assert medians == sorted(medians)
+
+
+def test_partitions_measure_an_exact_scan_of_the_nearest_lists(bench: ModuleType, tmp_path: Path) -> None:
+    """``--partitions``: k-means lists, and the share of the exact top 10 in the probed lists.
+    Four tight, far-apart groups of 64 rows: four lists find them; a query's 10 neighbours all
+    sit in its own group, so one list probed holds them all and reads 64 vectors; a query
+    whose neighbours straddle two groups finds half of them there."""
+    rng = np.random.default_rng(0)
+    centres = np.eye(8, dtype=np.float32)[:4]
+    base = np.concatenate([c + 0.01 * rng.standard_normal((64, 8)).astype(np.float32) for c in centres])
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    queries = np.stack([centres[0], centres[2]])
+    truth = np.stack([np.arange(10), 128 + np.arange(10)])
+    np.save(tmp_path / "base.npy", base)
+    part = bench.partitions(tmp_path / "base.npy", queries, truth, lists=4, iterations=5)
+    assert part["lists"] == 4 and part["list_size"] == [64, 64, 64, 64]
+    first = part["probes"][0]
+    assert first["probe"] == 1 and first["recall"] == 1.0 and first["scanned"] == 64
+    # the second query's "neighbours": 5 in its group, 5 in another: its one list finds half
+    straddle = np.stack([np.arange(10), np.r_[128 + np.arange(5), 64 + np.arange(5)]])
+    half = bench.partitions(tmp_path / "base.npy", queries, straddle, lists=4, iterations=5)
+    assert [r["probe"] for r in half["probes"]] == [1]  # 1/256 to 1/4 of 4 lists: 1
+    assert half["probes"][0]["recall"] == pytest.approx(0.75)  # (1 + 0.5) / 2
+
+    # through main: the Markdown has the table
+    key = "p1"
+    np.save(tmp_path / f"base-{key}.npy", base)
+    np.save(tmp_path / f"queries-{key}.npy", queries)
+    np.save(tmp_path / f"gt-{key}.npy", truth)
+    np.save(tmp_path / f"gt_scores-{key}.npy", np.sort(queries @ base.T, axis=1)[:, ::-1][:, :10])
+    (tmp_path / f"stats-{key}.json").write_text(json.dumps({"params": {"n": len(base), "vectors": None}}))
+    out = tmp_path / "out.json"
+    assert bench.main(["--work", str(tmp_path), "--partitions", "4", "--json", str(out)]) == 0
+    (s,) = json.loads(out.read_text())["sets"]
+    assert s["partitions"]["probes"][0]["recall"] == 1.0
+    assert "recall@10 of an exact scan" in bench.render(json.loads(out.read_text()))

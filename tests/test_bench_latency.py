@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,3 +106,32 @@ def test_a_gated_rerank_row_says_how_many_it_reranked(bench: ModuleType) -> None
     # queries/s of a one-at-a-time row: 1000 / mean
     assert rows == [["s", "xy + teacher rerank below margin 0.05 (40% reranked)", "1", "6.0", "25.0", "12.5", "80"],
                     ["s", "xy, batched", "2", "-", "-", "-", "300"]]
+
+
+def test_each_reranker_given_gets_its_own_rows(bench: ModuleType) -> None:
+    """``--rerankers teacher teacher:int8``: every reranked stage (ungated and per gate) is timed
+    for each spec, labelled by it, and searches with that spec; the share reranked is the
+    timed queries' own."""
+    from types import SimpleNamespace
+
+    calls: list[tuple[Any, Any]] = []
+
+    def search(text: str, k: int, mode: str, rerank: Any = None, rerank_depth: Any = None,
+               rerank_gate: Any = None) -> Any:
+        calls.append((rerank, rerank_gate))
+        return SimpleNamespace(reranked=rerank is not None and (rerank_gate is None or text == "b"))
+
+    encoder = SimpleNamespace(query_info=SimpleNamespace(teacher=object()), query=SimpleNamespace(graph=None),
+                              encode_queries=lambda texts: None)
+    index = SimpleNamespace(encoder=encoder, search=search)
+    rows = bench._time_stages(index, "s", 1, ["a", "b"], 50, [0.05], ["teacher", "teacher:int8"])
+    assert [r["stage"] for r in rows] == [
+        "encode", "xy", "mono", "xy + teacher rerank", "xy + teacher rerank below margin 0.05",
+        "xy + teacher:int8 rerank", "xy + teacher:int8 rerank below margin 0.05"]
+    assert {c for c in calls if c[0]} == {("teacher", None), ("teacher", 0.05),
+                                         ("teacher:int8", None), ("teacher:int8", 0.05)}
+    assert [r.get("reranked") for r in rows] == [None] * 4 + [0.5, None, 0.5]
+    # a teacher as the query encoder is not reranked by itself
+    encoder.query_info.teacher = None
+    assert [r["stage"] for r in bench._time_stages(index, "t", 1, ["a"], 50, [0.05], ["teacher"])] == \
+        ["encode", "xy", "mono"]

@@ -38,3 +38,20 @@ def test_demo_corpus_cross_lingual(built_me5: Path) -> None:
     mono = json.loads(runner.invoke(cli, ["search", "Wie viele buddhistische Tempel gibt es in Kyoto?",
                                           "--mode", "mono", "--json"]).output)
     assert mono["lang"] == "de" and {h["lang"] for h in mono["hits"]} == {"de"}
+    # the teacher reranks the student's candidates: its int8 query weights (teacher:int8) keep
+    # the float teacher's answers and nearly its scores, gated or not
+    for query, answer in CROSS_LINGUAL.items():
+        ranked = {}
+        for spec in ("teacher", "teacher:int8"):
+            out = runner.invoke(cli, ["search", query, "-k", "3", "--json", "--rerank", spec])
+            assert out.exit_code == 0, out.output
+            ranked[spec] = json.loads(out.output)
+            assert ranked[spec]["hits"][0]["source"] == answer, (spec, query, ranked[spec]["hits"])
+        float_scores = {h["id"]: h["score"] for h in ranked["teacher"]["hits"]}
+        for hit in ranked["teacher:int8"]["hits"]:
+            if hit["id"] in float_scores:
+                assert abs(hit["score"] - float_scores[hit["id"]]) < 0.02, (query, hit)
+        assert {h["score"] for h in ranked["teacher:int8"]["hits"]} != set(float_scores.values())
+        gated = json.loads(runner.invoke(cli, ["search", query, "-k", "3", "--json", "--rerank", "teacher:int8",
+                                               "--rerank-gate", "0.08"]).output)
+        assert gated["hits"][0]["source"] == answer

@@ -365,6 +365,63 @@ def test_teacher_rescores_with_the_document_encoder(tiny_model: Path, other_tiny
         store.close()
 
 
+def test_teacher_int8_rescores_with_the_teachers_int8_query_weights(tiny_model: Path, tiny_student: Path,
+                                                                   tmp_path: Path) -> None:
+    """``teacher:int8``: the teacher's queries in int8 (its own copy, loaded on first use, with
+    the student's vocabulary table), scored as the float teacher's are, not equal to them."""
+    import torch
+
+    from vecplug.indexer.encoder import Encoder
+
+    encoder = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="none",
+                                 query_prefix="query: ", document_prefix="passage: ")
+    texts = ["the quick brown fox jumps over the lazy dog", "water boils at one hundred degrees",
+             "der schnelle braune fuchs springt über den faulen hund", "el agua hierve a cien grados"]
+    records = [Record(f"doc{i}", t, "src", i, None, {}) for i, t in enumerate(texts)]
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), encoder.dim,
+                                              {"document_encoder": "tiny", "dim": encoder.dim}, {})
+    try:
+        store.upsert(records, encoder.encode_documents(texts))
+        store.commit()
+        context = RerankContext(encoder, store, lambda qv, cands, lang:
+                                store.vectors([h.record.id for h in cands]) @ qv)
+        queries = ["water boiling at one hundred degrees", "a quick brown fox and a lazy dog"]
+        student = encoder.encode_queries(queries)
+        first = [store.search(v, len(texts)) for v in student]
+        reranker = get_reranker("teacher:int8")
+        assert reranker.describe() == {"name": "teacher", "model": "the index's document encoder",
+                                       "quantize": "int8"}
+        reranker.warm_up(context)
+        teacher8 = encoder.teacher_queries("int8")
+        assert teacher8 is not encoder.document and teacher8 is encoder.teacher_queries("int8")
+        assert any(callable(getattr(m, "weight", None)) for m in teacher8.model.modules())  # int8 layers
+        assert all(type(m) is torch.nn.Linear for m in encoder.document.model.modules() if hasattr(m, "in_features"))
+        # one vocabulary table for the student, the int8 teacher and the documents' teacher
+        ptr = {side.model.get_input_embeddings().weight.data_ptr()
+               for side in (encoder.query, teacher8, encoder.document)}
+        assert len(ptr) == 1
+
+        out = reranker.rerank([Query(q, None, v) for q, v in zip(queries, student)], first, context)
+        int8 = teacher8.encode(queries, "query: ", encoder.query_max_length)
+        fp32 = encoder.document.encode(queries, "query: ", encoder.query_max_length)
+        for i, got in enumerate(out):
+            stored = store.vectors([h.record.id for h in got])
+            # (the tiny model's int8 vectors differ from its float ones by ~1e-5)
+            np.testing.assert_allclose([h.score for h in got], stored @ int8[i], rtol=0, atol=1e-7)
+            assert np.abs(stored @ fp32[i] - np.array([h.score for h in got])).max() > 1e-6
+        assert (int8 * fp32).sum(1).min() > 0.95  # int8 stays close to the float teacher
+        assert encoder.teacher_queries(None) is encoder.teacher_queries("none") is encoder.document
+    finally:
+        store.close()
+    # the teacher as its own query encoder, already in int8: that model, not a second one
+    alone = Encoder.from_specs(str(tiny_model), query_quantize="int8")
+    assert alone.teacher_queries("int8") is alone.query
+    with pytest.raises(ConfigError, match="teacher reranker: unknown quantisation 'fp16'"):
+        get_reranker("teacher:fp16")
+    with pytest.raises(ConfigError, match="unknown quantisation 'int4'"):
+        alone.teacher_queries("int4")
+
+
 def test_teacher_drops_candidates_removed_while_it_reranks(tmp_path: Path) -> None:
     """A writer commits a delete while a reader's search reranks: the removed candidates are
     dropped (their vectors are gone), the others reranked; never a KeyError."""
@@ -389,7 +446,9 @@ def test_teacher_drops_candidates_removed_while_it_reranks(tmp_path: Path) -> No
             writer.commit()
             return encoder.encode_documents(texts)
 
-    encoder.document, encoder.query_prefix, encoder.query_max_length = Teacher(), "", 64
+    teacher = Teacher()
+    encoder.teacher_queries = lambda quantize: teacher  # as Encoder.teacher_queries gives it
+    encoder.query_prefix, encoder.query_max_length = "", 64
     encoder.query = None  # loaded by the search before its clock starts: nothing to load
     reader._encoder, reader._detector = encoder, object()  # the query's language is given
     try:
@@ -671,8 +730,9 @@ def test_registry(trained_ce: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         get_reranker("cross-encoder")
     with pytest.raises(ModelError, match="does not exist"):
         get_reranker(f"cross-encoder:{tmp_path / 'missing'}")
-    with pytest.raises(ConfigError, match="takes no argument"):
+    with pytest.raises(ConfigError, match="teacher reranker: unknown quantisation 'something'"):
         get_reranker("teacher:something")
+    assert get_reranker("teacher:int8").quantize == "int8" and get_reranker("teacher:none").quantize is None
     with pytest.raises(ConfigError, match="accepts: fields, scale, head, cache_size"):
         get_reranker("fields", depth=3)
 
@@ -694,6 +754,9 @@ def test_registry(trained_ce: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     try:
         assert available_rerankers()["mine"] == f"{__name__}:_THIRD_PARTY"
         assert get_reranker("mine:xyz").model == "xyz"
+        Mine.spec_argument = "head"  # an argument its constructor does not take
+        with pytest.raises(ConfigError, match="the 'mine' reranker takes no argument"):
+            get_reranker("mine:xyz")
     finally:
         globals().pop("_THIRD_PARTY")
 
