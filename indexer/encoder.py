@@ -598,12 +598,13 @@ class Encoder:
             query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                 quantize=self.query_quantize, runtime=self.runtime, trace=self.trace,
                                 precision=self.precision)
-            if self._document is not None:  # one table for both sides (quantisation leaves it)
-                query.model.get_input_embeddings().weight = self._document.model.get_input_embeddings().weight
+            table = self._teacher_table()
+            if table is not None:  # one table for both sides (quantisation leaves it)
+                query.model.get_input_embeddings().weight = table
             return query
         # a student built on the loaded teacher's vocabulary table (never a copy of its own)
-        shared = (self._document.model.get_input_embeddings().weight.detach()
-                  if self._document is not None and self._one_table() else None)
+        table = self._teacher_table() if self._one_table() else None
+        shared = table.detach() if table is not None else None
         return TextEncoder(self.query_info, self.batch_tokens, self.threads, shared,
                            post=_head_map(self.projection) if self.projection else None,
                            quantize=self.query_quantize, runtime=self.runtime,

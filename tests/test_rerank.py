@@ -413,6 +413,11 @@ def test_teacher_int8_rescores_with_the_teachers_int8_query_weights(tiny_model: 
         assert encoder.teacher_queries(None) is encoder.teacher_queries("none") is encoder.document
     finally:
         store.close()
+    # loaded first, the int8 teacher's table is the one the student and the documents take
+    first = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="none")
+    tables = [side.model.get_input_embeddings().weight.data_ptr()
+              for side in (first.teacher_queries("int8"), first.query, first.document)]
+    assert len(set(tables)) == 1
     # the teacher as its own query encoder, already in int8: that model, not a second one
     alone = Encoder.from_specs(str(tiny_model), query_quantize="int8")
     assert alone.teacher_queries("int8") is alone.query
