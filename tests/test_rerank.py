@@ -313,6 +313,15 @@ def test_cross_encoder_truncates_long_inputs(trained_ce: Path) -> None:
 
 # -- the teacher --------------------------------------------------------------------------
 
+def _indexed(encoder: Any, records: Sequence[Record], folder: Path) -> Any:
+    """An hnswlib store of ``records`` as ``encoder`` encodes documents, committed."""
+    store = get_store_class("hnswlib").create(str(folder), encoder.dim,
+                                              {"document_encoder": "tiny", "dim": encoder.dim}, {})
+    store.upsert(list(records), encoder.encode_documents([r.text for r in records]))
+    store.commit()
+    return store
+
+
 def test_teacher_rescores_with_the_document_encoder(tiny_model: Path, other_tiny_model: Path,
                                                     tmp_path: Path) -> None:
     from vecplug.adapters.rerank.teacher import TeacherReranker
@@ -326,12 +335,8 @@ def test_teacher_rescores_with_the_document_encoder(tiny_model: Path, other_tiny
              "der schnelle braune fuchs springt über den faulen hund", "wasser kocht bei hundert grad",
              "el agua hierve a cien grados", "水在一百度沸腾"]
     records = [Record(f"doc{i}", t, "src", i, None, {}) for i, t in enumerate(texts)]
-    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), encoder.dim,
-                                              {"document_encoder": "tiny", "dim": encoder.dim}, {})
+    store = _indexed(encoder, records, tmp_path / "idx")
     try:
-        store.upsert(records, encoder.encode_documents(texts))
-        store.commit()
-
         def exact(qv: np.ndarray, cands: Sequence[StoreHit], lang: str | None) -> np.ndarray:
             return store.vectors([h.record.id for h in cands]) @ qv
 
@@ -378,11 +383,8 @@ def test_teacher_int8_rescores_with_the_teachers_int8_query_weights(tiny_model: 
     texts = ["the quick brown fox jumps over the lazy dog", "water boils at one hundred degrees",
              "der schnelle braune fuchs springt über den faulen hund", "el agua hierve a cien grados"]
     records = [Record(f"doc{i}", t, "src", i, None, {}) for i, t in enumerate(texts)]
-    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), encoder.dim,
-                                              {"document_encoder": "tiny", "dim": encoder.dim}, {})
+    store = _indexed(encoder, records, tmp_path / "idx")
     try:
-        store.upsert(records, encoder.encode_documents(texts))
-        store.commit()
         context = RerankContext(encoder, store, lambda qv, cands, lang:
                                 store.vectors([h.record.id for h in cands]) @ qv)
         queries = ["water boiling at one hundred degrees", "a quick brown fox and a lazy dog"]
