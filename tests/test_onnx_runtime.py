@@ -203,6 +203,22 @@ def test_a_student_shares_its_teachers_table_under_onnx(tiny_model: Path, tiny_s
         both.document.model.get_input_embeddings().weight.data_ptr()
 
 
+def test_the_teacher_reranker_in_int8_runs_its_int8_graph(tiny_model: Path, tiny_student: Path,
+                                                          fresh_machine: Path) -> None:
+    """``teacher:int8`` under ONNX Runtime: the teacher's int8 graph (the documents' recipe, as
+    its own int8 queries take), beside the student, on the student's table."""
+    enc = Encoder.from_specs(str(tiny_model), str(tiny_student), runtime="onnx", query_quantize="none")
+    enc.encode_queries(TEXTS)
+    teacher = enc.teacher_queries("int8")
+    assert teacher.onnx is not None and teacher.quantize == "int8" and teacher is not enc.document
+    int8 = teacher.encode(TEXTS, enc.query_prefix, enc.query_max_length)
+    fp32 = enc.document.encode(TEXTS, enc.query_prefix, enc.query_max_length)
+    assert not np.allclose(int8, fp32, atol=1e-6) and (int8 * fp32).sum(1).min() > 0.95
+    assert teacher.model.get_input_embeddings().weight.data_ptr() == \
+        enc.query.model.get_input_embeddings().weight.data_ptr()
+    assert any("int8" in g.name for g in _graphs(fresh_machine))
+
+
 def test_a_failed_export_leaves_nothing_in_the_cache(tiny_model: Path, fresh_machine: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object, **kwargs: object) -> None:
