@@ -20,6 +20,20 @@ RUNS="${RUNS:-eval eval-prefer eval-gate}"
 GATES="${GATES:-0.02 0.045 0.08 0.13}"
 index="${INDEX:-$tmp/xquad-r}"
 mkdir -p "$here/results"
+
+# gated NAME RERANKER TEACHER_QUANTIZE: the student reranked by RERANKER, ungated and at each
+# of GATES, then the teacher alone (its queries' quantisation TEACHER_QUANTIZE) in the same
+# conditions: what the gated reranker is weighed against
+gated() {
+    local name=$1 reranker=$2 quantize=$3 gates=(--rerank-gate always) g
+    for g in $GATES; do gates+=(--rerank-gate "$g"); done
+    "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode xy --mode mono \
+        --rerank none --rerank "$reranker" "${gates[@]}" --debias on \
+        --out "$tmp/$name" --summary-only -q > "$tmp/$name.md"
+    VECPLUG_MODEL_QUERY_QUANTIZE="$quantize" "$VECPLUG" eval "$data" --index "$index" \
+        --query-encoder me5-small --mode xy --mode mono --debias on \
+        --out "$tmp/$name/teacher" --summary-only -q > "$tmp/$name-teacher.md"
+}
 for name in $RUNS; do
     case "$name" in
         eval) "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small --query-encoder "$STUDENT" \
@@ -27,24 +41,8 @@ for name in $RUNS; do
                   --out "$tmp/eval" --summary-only -q > "$tmp/eval.md" ;;
         eval-prefer) "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode prefer \
                   --debias both --consensus both --out "$tmp/eval-prefer" --summary-only -q > "$tmp/eval-prefer.md" ;;
-        eval-gate)
-            gates=(--rerank-gate always)
-            for g in $GATES; do gates+=(--rerank-gate "$g"); done
-            "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode xy --mode mono \
-                  --rerank none --rerank teacher "${gates[@]}" --debias on \
-                  --out "$tmp/eval-gate" --summary-only -q > "$tmp/eval-gate.md"
-            # the teacher alone, in the same conditions: what the gated reranker is weighed against
-            "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small --mode xy --mode mono \
-                  --debias on --out "$tmp/eval-gate/teacher" --summary-only -q > "$tmp/eval-gate-teacher.md" ;;
-        eval-gate-int8)
-            gates=(--rerank-gate always)
-            for g in $GATES; do gates+=(--rerank-gate "$g"); done
-            "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode xy --mode mono \
-                  --rerank none --rerank teacher:int8 "${gates[@]}" --debias on \
-                  --out "$tmp/eval-gate-int8" --summary-only -q > "$tmp/eval-gate-int8.md"
-            VECPLUG_MODEL_QUERY_QUANTIZE=int8 "$VECPLUG" eval "$data" --index "$index" --query-encoder me5-small \
-                  --mode xy --mode mono --debias on --out "$tmp/eval-gate-int8/teacher" --summary-only -q \
-                  > "$tmp/eval-gate-int8-teacher.md" ;;
+        eval-gate) gated eval-gate teacher none ;;
+        eval-gate-int8) gated eval-gate-int8 teacher:int8 int8 ;;
         *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8)" >&2; exit 2 ;;
     esac
 done

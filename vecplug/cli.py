@@ -17,6 +17,10 @@ from vecplug._version import __version__
 from vecplug.errors import VecplugError
 
 
+#: a --rerank-gate given without a reranker (search and eval refuse it alike)
+GATE_WITHOUT_RERANKER = "--rerank-gate gates a reranker: give one with --rerank (e.g. --rerank teacher)"
+
+
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The one place library errors become CLI errors."""
 
@@ -188,7 +192,7 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
         "model": {"query_quantize": None if int8 is None else "int8" if int8 else "none"}})
     if rerank_gate is not None and settings.search.rerank in (None, "none"):
         # a gate in the settings waits for a reranker; one given here would be dropped silently
-        raise click.UsageError("--rerank-gate gates a reranker: give one with --rerank (e.g. --rerank teacher)")
+        raise click.UsageError(GATE_WITHOUT_RERANKER)
     with Index.open(settings) as index:
         result = index.search(query)
         held = index.store.languages() if settings.search.langs else {}
@@ -459,7 +463,7 @@ def eval_cmd(dataset: str, langs: str | None, split: str | None, model: str | No
                                "of them (--debias both: one run with the correction, one without)")
     gate_values = [_gate_value(g) for g in gates] or [None]  # before the dataset is read
     if gates and not [r for r in reranks if r not in ("", "none")]:
-        raise click.UsageError("--rerank-gate gates a reranker: give one with --rerank (e.g. --rerank teacher)")
+        raise click.UsageError(GATE_WITHOUT_RERANKER)
     # as search's --langs (normalised by the settings): " DE, en" names de.json and en.json
     lang_list = list(normalise_langs(langs)) or None
     data = load_dataset(dataset, langs=lang_list, split=split)
