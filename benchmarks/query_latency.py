@@ -65,7 +65,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rerank-gates", type=float, nargs="*", default=[], metavar="G",
                    help="also time the teacher rerank gated at these first-stage margins")
     p.add_argument("--rerankers", nargs="+", default=["teacher"], metavar="SPEC",
-                   help="teacher rerankers timed: teacher, teacher:int8 [default: teacher]")
+                   help="teacher rerankers timed: teacher, teacher:int8, teacher:auto [default: teacher]")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     args.langs = parse_langs(args.langs, args.data)

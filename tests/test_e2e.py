@@ -9,6 +9,8 @@ from click.testing import CliRunner
 
 from conftest import EXAMPLES
 from vecplug.cli import cli
+from vecplug.indexer.encoder import teacher_quantize_for
+from vecplug.indexer.precision import resolve_precision
 
 # query -> the only document that holds its answer, in another language
 CROSS_LINGUAL = {
@@ -55,3 +57,7 @@ def test_demo_corpus_cross_lingual(built_me5: Path) -> None:
         gated = json.loads(runner.invoke(cli, ["search", query, "-k", "3", "--json", "--rerank", "teacher:int8",
                                                "--rerank-gate", "0.08"]).output)
         assert gated["hits"][0]["source"] == answer
+        # teacher:auto is one of the two, by this machine's precision (int8 where it is float32)
+        auto = json.loads(runner.invoke(cli, ["search", query, "-k", "3", "--json", "--rerank", "teacher:auto"]).output)
+        chosen = "teacher:int8" if teacher_quantize_for("auto", resolve_precision(None), "torch") else "teacher"
+        assert [(h["id"], h["score"]) for h in auto["hits"]] == [(h["id"], h["score"]) for h in ranked[chosen]["hits"]]

@@ -744,11 +744,19 @@ def test_eval_index_ignores_the_user_s_store_and_corpus_settings(tmp_path: Path,
 def test_rerank_run_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
     """A run with the teacher reranker goes through the real second stage."""
     ds = load_xquad_r_dataset(write_xquad(tmp_path / "xq"), ["en", "de"])
-    report = evaluate(ds, make_runs([None], ["xy"], [None, "teacher"]), model=str(tiny_model),
+    from vecplug.indexer.encoder import teacher_quantize_for
+    from vecplug.indexer.precision import resolve_precision
+
+    report = evaluate(ds, make_runs([None], ["xy"], [None, "teacher", "teacher:auto"]), model=str(tiny_model),
                       rerank_depth=10, command="test")
     s = _runs_by(report)
     assert s[("xy", "default query encoder + rerank teacher")]["overall"]["mrr@10"] == pytest.approx(1.0)
     assert report.settings["rerank_depth"] == 10
+    # the report says which reranker each run had; teacher:auto, what it resolved to here
+    described = [r.to_dict()["reranker"] for r in report.results]
+    assert described[0] is None and described[1]["quantize"] == "none" and "resolved" not in described[1]
+    assert described[2]["quantize"] == "auto"
+    assert described[2]["resolved"] == (teacher_quantize_for("auto", resolve_precision(None), "torch") or "none")
 
 
 # -- the real model on the real data ------------------------------------------------------------

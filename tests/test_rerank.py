@@ -429,6 +429,67 @@ def test_teacher_int8_rescores_with_the_teachers_int8_query_weights(tiny_model: 
         alone.teacher_queries("int4")
 
 
+@pytest.mark.parametrize(("precision", "runtime", "machine", "expected"), [
+    ("float32", "torch", "x86_64", "int8"),  # a CPU without AMX: int8 pays there
+    ("bfloat16", "torch", "x86_64", None),  # AMX: int8 gained nothing
+    ("float32", "onnx", "x86_64", None),  # not measured under ONNX Runtime
+    ("float32", "torch", "aarch64", None),  # torch's int8 kernels elsewhere are another implementation
+])
+def test_teacher_auto_is_int8_where_the_teacher_runs_in_float32_on_x86(
+        precision: str, runtime: str, machine: str, expected: str | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    from vecplug.indexer.encoder import teacher_quantize_for
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    assert teacher_quantize_for("auto", precision, runtime) == expected
+    # the explicit settings are what they say, wherever they run
+    assert teacher_quantize_for("int8", precision, runtime) == "int8"
+    assert teacher_quantize_for("none", precision, runtime) is None
+    assert teacher_quantize_for(None, precision, runtime) is None
+    with pytest.raises(ConfigError, match="unknown quantisation 'int4'.*none, int8, auto"):
+        teacher_quantize_for("int4", precision, runtime)
+
+
+@pytest.mark.parametrize(("precision", "int8"), [("float32", True), ("bfloat16", False)])
+def test_teacher_auto_reranks_with_the_teacher_it_resolves_to(precision: str, int8: bool, tiny_model: Path,
+                                                             tiny_student: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``teacher:auto`` on an x86 CPU: the int8 teacher when the encoder runs in float32, the
+    document encoder as loaded in bfloat16; its scores are that teacher's, and ``describe``
+    says which it ran."""
+    import platform
+
+    from vecplug.indexer.encoder import Encoder
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    encoder = Encoder.from_specs(str(tiny_model), str(tiny_student), query_quantize="none", precision=precision,
+                                 query_prefix="query: ", document_prefix="passage: ")
+    texts = ["the quick brown fox jumps over the lazy dog", "water boils at one hundred degrees",
+             "el agua hierve a cien grados"]
+    store = _indexed(encoder, [Record(f"doc{i}", t, "src", i, None, {}) for i, t in enumerate(texts)],
+                     tmp_path / "idx")
+    try:
+        context = RerankContext(encoder, store, lambda qv, cands, lang:
+                                store.vectors([h.record.id for h in cands]) @ qv)
+        reranker = get_reranker("teacher:auto")
+        assert reranker.describe()["quantize"] == "auto" and "resolved" not in reranker.describe()
+        reranker.warm_up(context)
+        assert (encoder._teacher_int8 is not None) is int8
+        assert reranker.describe()["resolved"] == ("int8" if int8 else "none")
+        query = "water boiling at one hundred degrees"
+        student = encoder.encode_queries([query])
+        got = reranker.rerank([Query(query, None, student[0])], [store.search(student[0], len(texts))], context)[0]
+        teacher = encoder.teacher_queries("int8" if int8 else None)
+        expected = store.vectors([h.record.id for h in got]) @ teacher.encode([query], "query: ",
+                                                                             encoder.query_max_length)[0]
+        np.testing.assert_allclose([h.score for h in got], expected, rtol=0, atol=1e-6)
+        assert encoder.teacher_queries("auto") is teacher
+    finally:
+        store.close()
+
+
 def test_teacher_drops_candidates_removed_while_it_reranks(tmp_path: Path) -> None:
     """A writer commits a delete while a reader's search reranks: the removed candidates are
     dropped (their vectors are gone), the others reranked; never a KeyError."""

@@ -821,6 +821,12 @@ class Index:
                     self._rerankers[spec] = get_reranker(spec, **options)
         return self._rerankers[spec]
 
+    def describe_reranker(self, spec: str | None) -> dict[str, Any] | None:
+        """What the reranker named by ``spec`` is, for reports (its ``describe()``; after a
+        search, ``teacher:auto`` says what it resolved to); None for no reranker."""
+        reranker = self._reranker(spec)
+        return None if reranker is None else reranker.describe()
+
     def info(self) -> dict[str, Any]:
         """What the index holds and what it was built with."""
         manifest = self.manifest

@@ -160,8 +160,8 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
 @click.option("--langs", help="Answer only in these languages, e.g. de,fr (xy and prefer).")
 @click.option("--debias/--no-debias", default=None,
               help="Remove each language's mean vector before scoring [default: the index's setting].")
-@click.option("--rerank", metavar="NAME", help="Second stage: teacher (teacher:int8: its queries in int8), fields, "
-                                                "cross-encoder:MODEL, none.")
+@click.option("--rerank", metavar="NAME", help="Second stage: teacher (teacher:int8: its queries in int8; teacher:auto: "
+                                                "int8 on a CPU without AMX), fields, cross-encoder:MODEL, none.")
 @click.option("--rerank-depth", type=int, help="Candidates the reranker rescores [default: 50].")
 @click.option("--rerank-gate", type=float, metavar="MARGIN",
               help="Rerank only if the first stage's best answer in the query's language leads the "
@@ -418,7 +418,8 @@ def models_build(name: str, force: bool) -> None:
 @click.option("--mode", "modes", multiple=True, type=click.Choice(["xy", "mono", "prefer"]),
               help="Mode of a run (repeatable) [default: xy and mono].")
 @click.option("--rerank", "reranks", multiple=True,
-              help="Second stage of a run: teacher, teacher:int8, fields, cross-encoder:MODEL or none (repeatable) "
+              help="Second stage of a run: teacher, teacher:int8, teacher:auto, fields, cross-encoder:MODEL or none "
+                   "(repeatable) "
                    "[default: none].")
 @click.option("--rerank-depth", type=click.IntRange(min=1), help="Candidates a reranker rescores.")
 @click.option("--rerank-gate", "gates", multiple=True, metavar="MARGIN",

@@ -179,8 +179,8 @@ class SearchSettings:
     prefer_boost: float = 0.05
     #: remove each language's mean vector before scoring (None: the index's setting)
     debias: bool | None = None
-    #: second stage: teacher (teacher:int8: the teacher's queries in int8), fields,
-    #: cross-encoder:MODEL, or a plugin's name (None: off)
+    #: second stage: teacher (teacher:int8: the teacher's queries in int8; teacher:auto: int8
+    #: on a CPU without AMX), fields, cross-encoder:MODEL, or a plugin's name (None: off)
     rerank: str | None = None
     #: first-stage candidates the reranker rescores
     rerank_depth: int = 50

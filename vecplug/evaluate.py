@@ -206,11 +206,13 @@ class RunResult:
     #: where ``debias`` came from when the run did not choose: the user's ``search.debias``
     #: setting or the index's own
     debias_from: str = "the index's setting"
+    #: the reranker the run searched with (its ``describe()``), when it had one and the index says
+    reranker: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # "debias" stays what the run asked for (None: the index's setting), beside what that meant
         return {"run": {**self.run.to_dict(), "debias_effective": self.debias}, "encoder": self.encoder,
-                "summary": self.summary, "queries": self.queries}
+                "reranker": self.reranker, "summary": self.summary, "queries": self.queries}
 
 
 def mode_qrels(dataset: EvalDataset, mode: str, query: EvalQuery, query_lang: str | None,
@@ -370,7 +372,7 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                 summary = aggregate(rows, pooled)
                 summary["skipped_queries"] = skipped
                 results[i] = RunResult(run, summary, rows, encoder, _effective_debias(index, run.debias),
-                                       _debias_source(index))
+                                       _debias_source(index), _describe_reranker(index, run.rerank))
         finally:
             index.close()
     return [results[i] for i in range(len(runs))]
@@ -421,6 +423,13 @@ def _describe(index: Any) -> dict[str, Any] | None:
     encoder = getattr(index, "encoder", None)
     describe = getattr(encoder, "describe", None)
     return describe() if callable(describe) else None
+
+
+def _describe_reranker(index: Any, spec: str | None) -> dict[str, Any] | None:
+    """The run's reranker as the index describes it (after its searches: ``teacher:auto``
+    resolved), if it has one and the index can say (stand-ins in tests need not)."""
+    describe = getattr(index, "describe_reranker", None)
+    return describe(spec) if spec and spec != "none" and callable(describe) else None
 
 
 # -- the whole evaluation -----------------------------------------------------------------------
