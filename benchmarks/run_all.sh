@@ -12,7 +12,8 @@
 #              vectors, on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
 #              how near-tied their exact top 10 is, and how an exact scan of k-means lists
-#              would fare: ann_crowding_debian.md)
+#              would fare: ann_crowding_debian.md, and each retrieval mode's first stage with the
+#              documents' 32 languages at 200k and 1M: modes_scale_debian.md)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
 #         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
@@ -92,7 +93,11 @@ else
                             --sizes 1000000 --backends hnswlib raw-hnswlib --commit-every 100000 \
                             --work "$WORK/ann"
                         # how near-tied its exact top 10 is (the ceiling on strict recall)
-                        run_as ann_crowding_debian ann_crowding --work "$WORK/ann" --partitions 1024 ;;
+                        run_as ann_crowding_debian ann_crowding --work "$WORK/ann" --partitions 1024
+                        # each mode's first stage with the documents' 32 real languages
+                        run_as modes_scale_debian modes_scale --vectors "$WORK/debian-1m-me5-small.npy" \
+                            --corpus "$WORK/debian-1m.jsonl" --sizes 200000 1000000 --walk-shifts 0 0.5 1 2 \
+                            --work "$WORK/modes" ;;
             # with the cross-encoder of benchmarks/train_example.sh when it has been trained
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
@@ -112,7 +117,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
-    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian}; do
+    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian modes_scale_debian}; do
         if [[ -f "$out/$name.md" ]]; then
             echo
             cat "$out/$name.md"

@@ -335,3 +335,41 @@ def test_the_boost_on_a_rerankers_scale_needs_a_spread() -> None:
     assert tied == pytest.approx(0.05 * np.std([5, -5, 3, 1, 0]) / 0.02)
     spread = boost_on_scale(0.05, scored([0.9, 0.8, 0.7, 0.6, 0.5]), scored([9, 8, 7, 6, 5]))
     assert spread == pytest.approx(0.05 * 10)
+
+
+def test_per_language_walks_head_into_each_languages_region() -> None:
+    """The corrected search, and consensus without it, ask the store for each language with a
+    walk hint: the query plus WALK_SHIFT times that language's mean (the centred query for the
+    correction, the plain one for consensus)."""
+    from vecplug.adapters import bias
+    from vecplug.adapters.consensus import Consensus
+
+    rng = np.random.default_rng(3)
+    stats = LanguageStats(8)
+    for lang in ("en", "de", "ja"):
+        stats.add([lang] * 40, rng.normal(size=(40, 8)) + rng.normal(size=8))
+    means = stats.means()
+
+    class Spy:
+        def __init__(self) -> None:
+            self.asked: list[tuple[np.ndarray, dict[str, np.ndarray] | None]] = []
+
+        def candidates_per_language(self, vector: np.ndarray, k: int, langs: list[str], *, ef: int | None = None,
+                                    walk_vectors: dict[str, np.ndarray] | None = None) -> list:
+            self.asked.append((vector, walk_vectors))
+            return []
+
+    q = rng.normal(size=8).astype(np.float32)
+    q /= np.linalg.norm(q)
+    spy = Spy()
+    assert first_stage(spy, q, "de", "xy", 5, None, means) == []
+    vector, walks = spy.asked[-1]
+    np.testing.assert_allclose(vector, means.centre_query(q, "de"))
+    assert set(walks) == {"en", "de", "ja"}
+    for lang, walk in walks.items():
+        np.testing.assert_allclose(walk, vector + bias.WALK_SHIFT * means.of(lang))
+    assert Consensus(means, 0.4, 6).search(spy, q, 5, ["ja", "en"]) == []
+    vector, walks = spy.asked[-1]
+    np.testing.assert_allclose(vector, q)
+    assert list(walks) == ["ja", "en"]
+    np.testing.assert_allclose(walks["ja"], q + bias.WALK_SHIFT * means.of("ja"))

@@ -203,3 +203,5 @@ def test_eval_reports_the_share_reranked(tmp_path: Path, tiny_model: Path, rever
                          doc_langs={f"d{i}": "en" for i in range(6)})
     assert [r.summary["reranked"] for r in results] == [1.0, 0.5]
     assert [q["reranked"] for q in results[1].queries].count(True) == 2
+    # a plugin's reranker without describe() is named in the report by its name
+    assert [r.to_dict()["reranker"] for r in results] == [{"name": "reverse"}] * 2

@@ -13,7 +13,7 @@ import pytest
 from conftest import server_options as _server_options
 from conftest import unit_vectors
 from vecplug.adapters.stores import Record, available_stores, get_store_class
-from vecplug.errors import IndexNotFoundError, UnknownBackendError
+from vecplug.errors import IndexNotFoundError, ModelMismatchError, UnknownBackendError
 
 DIM = 12
 LANGS = ["en", "de", "zh"]
@@ -167,6 +167,80 @@ def test_candidates_then_hits_is_search(target: tuple[type, str, dict[str, Any]]
             assert [h.record for h in hits] == [want[i].record for i in range(len(want))][::-2]
             assert [h.score for h in hits] == [float(i) for i in range(len(want))][::-2]
         assert store.hits([]) == []
+
+
+@pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client
+def test_walk_hints_choose_candidates_but_never_their_scores(target: tuple[type, str, dict[str, Any]]) -> None:
+    """``walk_vectors``: whatever a store does with them, each language's candidates come
+    scored against the query (the dot product of their stored vectors), best first, in the
+    order the languages were asked; a store that scans exactly (every store here at this
+    size) gives what it gives without them."""
+    from vecplug.adapters.stores.base import candidates_per_language
+
+    vecs = unit_vectors(90, DIM, seed=6)
+    q = unit_vectors(1, DIM, seed=7)[0]
+    elsewhere = unit_vectors(3, DIM, seed=8)
+    with committed(target, vecs) as store:
+        langs = ["zh", "de", "en"]
+        hints = dict(zip(langs, elsewhere))
+        got = candidates_per_language(store, q, 4, langs, None, hints)
+        assert [c.lang for c in got] == [lang for lang in langs for _ in range(4)]
+        for i in range(0, len(got), 4):
+            scores = [c.score for c in got[i:i + 4]]
+            assert scores == sorted(scores, reverse=True)
+            np.testing.assert_allclose(scores, [float(c.vector @ q) for c in got[i:i + 4]], atol=1e-5)
+        plain = store.candidates_per_language(q, 4, langs)
+        assert [(c.lang, c.score) for c in got] == [(c.lang, pytest.approx(c.score, abs=1e-6)) for c in plain]
+
+
+def test_hnswlib_walks_a_large_language_towards_its_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A language past the exact-scan limit is a filtered graph walk; with a hint the walk
+    goes towards it (its candidates are the hint's nearest in that language), scored against
+    the query and ordered by that score."""
+    import vecplug.adapters.stores.hnsw as hnsw
+
+    monkeypatch.setattr(hnsw, "EXACT_FILTER_LIMIT", 10)  # every language here is walked
+    vecs = unit_vectors(300, DIM, seed=11)
+    q, hint = unit_vectors(2, DIM, seed=12)
+    store = hnsw.HnswStore.create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        store.upsert(records(len(vecs)), vecs)
+        store.commit()
+        plain = store.candidates_per_language(q, 5, ["de", "en"])
+        hinted = store.candidates_per_language(q, 5, ["de", "en"], walk_vectors={"de": hint})
+        # en: no hint, the same walk; de: the hint's nearest German documents
+        assert [c.key for c in hinted[5:]] == [c.key for c in plain[5:]]
+        towards = store.candidates(hint, 5, ["de"])
+        assert {c.key for c in hinted[:5]} == {c.key for c in towards} != {c.key for c in plain[:5]}
+        scores = [c.score for c in hinted[:5]]
+        assert scores == sorted(scores, reverse=True)
+        np.testing.assert_allclose(scores, [float(vecs[c.key] @ q) for c in hinted[:5]], atol=1e-5)
+        with pytest.raises(ModelMismatchError, match="walk vector has dimension 3"):
+            store.candidates_per_language(q, 5, ["de"], walk_vectors={"de": np.ones(3)})
+    finally:
+        store.close()
+
+
+def test_a_plugin_store_without_walk_hints_is_asked_without_them(tmp_path: Path) -> None:
+    """A third-party store that overrode ``candidates_per_language`` before the hints existed
+    is called as it was written."""
+    from vecplug.adapters.stores.base import candidates_per_language
+
+    calls = []
+
+    class Old:
+        def candidates_per_language(self, vector: Any, k: int, langs: Any, *, ef: Any = None) -> list[Any]:
+            calls.append((k, list(langs), ef))
+            return []
+
+    class New(Old):
+        def candidates_per_language(self, vector: Any, k: int, langs: Any, **options: Any) -> list[Any]:
+            calls.append(sorted(options))
+            return []
+
+    assert candidates_per_language(Old(), np.ones(DIM), 3, ["de"], 7, {"de": np.ones(DIM)}) == []
+    candidates_per_language(New(), np.ones(DIM), 3, ["de"], None, {"de": np.ones(DIM)})
+    assert calls == [(3, ["de"], 7), ["ef", "walk_vectors"]]
 
 
 @pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client

@@ -825,7 +825,10 @@ class Index:
         """What the reranker named by ``spec`` is, for reports (its ``describe()``; after a
         search, ``teacher:auto`` says what it resolved to); None for no reranker."""
         reranker = self._reranker(spec)
-        return None if reranker is None else reranker.describe()
+        if reranker is None:
+            return None
+        describe = getattr(reranker, "describe", None)  # a duck-typed reranker may have none
+        return describe() if callable(describe) else {"name": getattr(reranker, "name", type(reranker).__name__)}
 
     def info(self) -> dict[str, Any]:
         """What the index holds and what it was built with."""

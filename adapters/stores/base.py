@@ -7,8 +7,10 @@ exactly some committed state.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -104,6 +106,23 @@ def search(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str
     if ef is None:
         return store.search(vector, k, langs)
     return store.search(vector, k, langs, ef=ef)
+
+
+def candidates_per_language(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str],
+                            ef: int | None = None,
+                            walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
+    """``store.candidates_per_language``, passing ``walk_vectors`` only to a store whose method
+    takes them, so a plugin's store that overrode it before the hints existed keeps working."""
+    if walk_vectors is not None and _takes(type(store), "candidates_per_language", "walk_vectors"):
+        return store.candidates_per_language(vector, k, langs, ef=ef, walk_vectors=walk_vectors)
+    return store.candidates_per_language(vector, k, langs, ef=ef)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(cls: type, method: str, argument: str) -> bool:
+    """Whether ``cls.method`` accepts the keyword ``argument`` (by name or ``**kwargs``)."""
+    params = inspect.signature(getattr(cls, method)).parameters
+    return argument in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def hit_vectors(store: "VectorStore", hits: Sequence[StoreHit]) -> list[np.ndarray | None]:
@@ -237,11 +256,19 @@ class VectorStore(ABC):
                 for h, vec in zip(hits, hit_vectors(self, hits)) if vec is not None]
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
-                                ef: int | None = None) -> list[Candidate]:
+                                ef: int | None = None,
+                                walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
         """:meth:`candidates` for each language of ``langs`` on its own (up to ``k`` of each,
         their lists one after the other): what the language-bias correction rescores. This
         default asks once per language; a store may answer all in one call (hnswlib: one lock,
-        one check for a newer commit)."""
+        one check for a newer commit).
+
+        ``walk_vectors`` (by language) are hints for a store that finds a language's candidates
+        by a filtered graph walk: it may walk towards that vector instead (a point inside the
+        language's region: the walk then meets that language's nodes at once instead of
+        crossing the others'), still scoring the candidates against ``vector``. The candidates
+        then are the language's nearest to the hint, not to ``vector``: the caller rescores
+        them. Exact scans, and this default, ignore the hints."""
         out: list[Candidate] = []
         for lang in langs:
             out += self.candidates(vector, k, [lang], ef=ef)

@@ -42,14 +42,14 @@ import os
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
-                                          column_dots, ordered_vectors, refuse_unstorable)
+                                          column_dots, ordered_vectors, refuse_unstorable, row_dots)
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -798,22 +798,37 @@ class HnswStore(VectorStore):
             return self._candidates(row, k, langs, ef) if row is not None else []
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
-                                ef: int | None = None) -> list[Candidate]:
+                                ef: int | None = None,
+                                walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
         """One lock and one look for a newer commit for every language (a corrected search of
-        six languages spent ~0.1 ms a language on them)."""
+        six languages spent ~0.1 ms a language on them). A language walked (more than
+        EXACT_FILTER_LIMIT documents) walks towards its ``walk_vectors`` entry when given."""
         with self._mutex:
             row = self._query_row(vector)
             if row is None:
                 return []
-            return [c for lang in langs for c in self._candidates(row, k, [lang], ef)]
+            walks = walk_vectors or {}
+            return [c for lang in langs for c in self._candidates(
+                row, k, [lang], ef, None if walks.get(lang) is None else self._walk_row(walks[lang]))]
+
+    def _walk_row(self, vector: np.ndarray) -> np.ndarray:
+        row = np.asarray(vector, dtype=np.float32).reshape(1, -1)
+        if row.shape[1] != self.dim:
+            raise ModelMismatchError(f"walk vector has dimension {row.shape[1]}, the index at {self.folder} "
+                                     f"has {self.dim}")
+        return row
 
     def _candidates(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
-                    ef: int | None) -> list[Candidate]:
-        pairs, vectors = self._nearest_to(row, k, langs, ef)
+                    ef: int | None, walk: np.ndarray | None = None) -> list[Candidate]:
+        pairs, vectors = self._nearest_to(row, k, langs, ef, walk)
         if not pairs:
             return []
         if vectors is None:  # a graph walk: the vectors from the graph
             vectors = _items(self._index, [lab for lab, _ in pairs])
+            if walk is not None:  # walked towards the hint: scored against the query, best first
+                scores = row_dots(vectors, row[0])
+                order = np.argsort(-scores, kind="stable")
+                pairs, vectors = [(pairs[i][0], float(scores[i])) for i in order], vectors[order]
         if langs and len(set(langs)) == 1:
             lang_of = dict.fromkeys((lab for lab, _ in pairs), langs[0])
         else:
@@ -847,8 +862,9 @@ class HnswStore(VectorStore):
         return self._nearest_to(row, k, langs, ef) if row is not None else ([], None)
 
     def _nearest_to(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
-                    ef: int | None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
-        """:meth:`_nearest` for a row of :meth:`_query_row`."""
+                    ef: int | None, walk: np.ndarray | None = None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
+        """:meth:`_nearest` for a row of :meth:`_query_row`; a filtered walk goes towards
+        ``walk`` when given (its scores are then ``walk``'s: :meth:`_candidates` rescores)."""
         if k <= 0:
             return [], None
         if langs:
@@ -856,7 +872,7 @@ class HnswStore(VectorStore):
             if not len(labels):
                 return [], None
             if not isinstance(columns_or_set, np.ndarray):
-                return self._filtered_knn(row, k, columns_or_set, ef), None
+                return self._filtered_knn(row if walk is None else walk, k, columns_or_set, ef), None
             scores = column_dots(columns_or_set, row[0])
             top = _top_k(scores, k)
             return ([(int(labels[i]), float(scores[i])) for i in top],

@@ -1,0 +1,289 @@
+"""The first stage of each retrieval mode on a large index of many real languages.
+
+``ann_scale.py`` times the store's own search. A ``vecplug search`` runs a mode on top of it
+(``adapters/modes.py``): ``xy`` is one graph walk, ``mono`` one walk filtered to the query's
+language (an exact scan when the language has at most ``EXACT_FILTER_LIMIT`` documents), and
+``xy`` with the language-bias correction (the default: ``index.debias``) asks the store for the
+best candidates of *every* language of the index separately and rescores them with centred
+vectors (``adapters/bias.py``). Its cost therefore grows with the number of languages and with
+how the documents spread over them, which a six-language development set does not show.
+
+This builds an hnswlib store (the store's defaults) from real embeddings with their documents'
+real languages (rows of ``--vectors`` aligned with the lines of ``--corpus``, a JSONL with a
+``lang`` field, as ``debian_corpus.py`` and ``tatoeba_vectors.py`` make them), the language sums
+in its manifest as indexing keeps them, and times ``modes.first_stage`` one query at a time
+(held-out rows, each with its own document's language, after a warm-up) for ``xy``,
+``xy`` + correction, ``mono`` and ``prefer`` + correction, top 10. It also scores the corrected
+``xy`` against an exact centred ranking of every document (brute force), the list the
+correction defines, and times what the corrected search asks the store for each language (its
+candidates for the centred query, as ``adapters/bias.py`` asks them), the dearest first. With
+``--walk-shifts`` it times the corrected ``xy`` again with each value of ``bias.WALK_SHIFT``
+(how far a language's filtered walk is moved into that language's region; 0: not at all, the
+walks of before the shift), each with its recall.
+
+Usage::
+
+    python benchmarks/modes_scale.py --vectors /tmp/benchwork/debian-1m-me5-small.npy \\
+        --corpus /tmp/benchwork/debian-1m.jsonl --sizes 200000 1000000 [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import header_markdown, machine_info, markdown_table, percentile, run_main  # noqa: E402
+
+K = 10
+WARMUP = 20
+#: (label, mode, with the language-bias correction)
+MODES = (("xy", "xy", False), ("xy + correction", "xy", True), ("mono", "mono", False),
+         ("prefer + correction", "prefer", True))
+BATCH = 10_000
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--vectors", type=Path, required=True, help="embeddings (.npy, n x dim), row i = line i of --corpus")
+    p.add_argument("--corpus", type=Path, required=True, help="JSONL with a 'lang' field per line")
+    p.add_argument("--sizes", type=int, nargs="+", default=[200_000], help="index sizes (documents)")
+    p.add_argument("--queries", type=int, default=300, help="held-out rows searched (their own language)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", type=Path, help="where the indexes are built (default: a temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the indexes (reused by a later run with --work)")
+    p.add_argument("--languages-shown", type=int, default=8, help="rows of the per-language table")
+    p.add_argument("--walk-shifts", type=float, nargs="*", default=[], metavar="S",
+                   help="also time the corrected xy with adapters.bias.WALK_SHIFT set to each S")
+    p.add_argument("--json", type=Path)
+    return p.parse_args(argv)
+
+
+def read_langs(corpus: Path, rows: int) -> list[str]:
+    """The ``lang`` of the first ``rows`` lines of ``corpus`` (``und`` when missing)."""
+    langs = []
+    with open(corpus, encoding="utf-8") as f:
+        for line in f:
+            if len(langs) == rows:
+                break
+            langs.append(json.loads(line).get("lang") or "und")
+    if len(langs) < rows:
+        raise SystemExit(f"{corpus}: {len(langs):,} lines for {rows:,} vectors")
+    return langs
+
+
+def split(total: int, n: int, queries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(base rows, query rows): disjoint seeded random rows, each sorted."""
+    if n + queries > total:
+        raise SystemExit(f"{total:,} rows, too few for {n:,} documents and {queries:,} queries")
+    order = np.random.default_rng([seed, 7]).permutation(total)
+    return np.sort(order[queries:queries + n]), np.sort(order[:queries])
+
+
+def build(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray) -> float:
+    """An hnswlib store of ``rows`` with the language sums indexing keeps; seconds taken."""
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores.base import Record
+    from vecplug.adapters.stores.hnsw import HnswStore
+
+    t0 = time.perf_counter()
+    dim = V.shape[1]
+    store = HnswStore.create(str(folder), dim, {"dim": dim}, {})
+    stats = LanguageStats(dim)
+    try:
+        for a in range(0, len(rows), BATCH):
+            part = rows[a:a + BATCH]
+            X = unit(np.asarray(V[part], dtype=np.float32))
+            store.upsert([Record(f"d{i}", "", "modes_scale", 0, langs[i], {}) for i in part], X)
+            stats.add([langs[i] for i in part], X)
+        store.commit({"dim": dim, **stats.to_manifest()})
+    finally:
+        store.close()
+    return time.perf_counter() - t0
+
+
+def unit(X: np.ndarray) -> np.ndarray:
+    return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+
+
+def exact_centred(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means: Any, Q: np.ndarray,
+                  qlangs: Sequence[str]) -> list[set[str]]:
+    """Each query's exact top ``K`` by centred cosine over every document (brute force)."""
+    qc = np.stack([means.centre_query(q, ql) for q, ql in zip(Q, qlangs)])
+    best_s = np.full((len(Q), K), -np.inf, dtype=np.float32)
+    best_i = np.zeros((len(Q), K), dtype=np.int64)
+    for a in range(0, len(rows), 50_000):
+        part = rows[a:a + 50_000]
+        C = means.centre(unit(np.asarray(V[part], dtype=np.float32)), [langs[i] for i in part])
+        S = qc @ C.T
+        s = np.concatenate([best_s, S], axis=1)
+        ids = np.concatenate([best_i, np.broadcast_to(part, S.shape)], axis=1)
+        top = np.argpartition(-s, K - 1, axis=1)[:, :K]
+        best_s, best_i = np.take_along_axis(s, top, 1), np.take_along_axis(ids, top, 1)
+    return [{f"d{i}" for i in row} for row in best_i]
+
+
+def timed(store: Any, Q: np.ndarray, qlangs: Sequence[str], mode: str, means: Any) -> tuple[dict[str, float], list[set[str]]]:
+    """Latency of ``modes.first_stage`` one query at a time (after a warm-up), and what each found."""
+    from vecplug.adapters import modes
+
+    for q, ql in zip(Q[:WARMUP], qlangs):
+        modes.first_stage(store, q, ql, mode, K, None, means)
+    lat, got = [], []
+    for q, ql in zip(Q, qlangs):
+        t0 = time.perf_counter()
+        hits = modes.first_stage(store, q, ql, mode, K, None, means)
+        lat.append(time.perf_counter() - t0)
+        got.append({h.record.id for h in hits})
+    return ({"p50_ms": 1000 * percentile(lat, 50), "p95_ms": 1000 * percentile(lat, 95),
+             "mean_ms": 1000 * float(np.mean(lat))}, got)
+
+
+def recall(found: Sequence[set[str]], truth: Sequence[set[str]]) -> float:
+    return float(np.mean([len(g & t) / K for g, t in zip(found, truth)]))
+
+
+def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, qrows: np.ndarray,
+            shifts: Sequence[float] = ()) -> dict[str, Any]:
+    """Open the store read-only (as a search does) and time each mode's first stage."""
+    from vecplug.adapters import bias
+    from vecplug.adapters.stores.hnsw import HnswStore
+
+    store = HnswStore.open(str(folder), {})
+    try:
+        means = bias.LanguageStats.from_manifest(store.manifest).means()
+        Q = unit(np.asarray(V[qrows], dtype=np.float32))
+        qlangs = [langs[i] for i in qrows]
+        out: dict[str, Any] = {"languages": store.languages(), "walk_shift": bias.WALK_SHIFT, "modes": []}
+        found: dict[str, list[set[str]]] = {}
+        for label, mode, corrected in MODES:
+            row, found[label] = timed(store, Q, qlangs, mode, means if corrected else None)
+            out["modes"].append({"mode": label, **row})
+            print(f"  {label}: p50 {row['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
+        truth = exact_centred(V, langs, rows, means, Q, qlangs)
+        out["corrected_recall"] = recall(found["xy + correction"], truth)
+        out["per_language"] = per_language(store, means, Q, qlangs)
+        out["shifts"] = []
+        kept = bias.WALK_SHIFT
+        try:
+            for shift in shifts:
+                bias.WALK_SHIFT = shift
+                row, got = timed(store, Q, qlangs, "xy", means)
+                out["shifts"].append({"shift": shift, **row, "recall": recall(got, truth)})
+                print(f"  xy + correction, walk shift {shift:g}: p50 {row['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
+        finally:
+            bias.WALK_SHIFT = kept
+    finally:
+        store.close()
+    return out
+
+
+def per_language(store: Any, means: Any, Q: np.ndarray, qlangs: Sequence[str]) -> dict[str, float]:
+    """Mean ms of each language's part of a corrected search: the store's candidates for the
+    centred query in that language alone, as many as the correction fetches (warm: the
+    searches above filled the store's per-language caches)."""
+    from vecplug.adapters.bias import OVERFETCH, walk_vectors
+
+    spent: dict[str, float] = {}
+    for q, ql in zip(Q, qlangs):
+        centred = means.centre_query(q, ql)
+        for lang in means.by_lang:
+            hint = walk_vectors(means, centred, [lang])
+            t0 = time.perf_counter()
+            store.candidates_per_language(centred, K * OVERFETCH, [lang], walk_vectors=hint)
+            spent[lang] = spent.get(lang, 0.0) + time.perf_counter() - t0
+    return {lang: 1000 * t / len(Q) for lang, t in sorted(spent.items(), key=lambda x: -x[1])}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    info = machine_info()
+    V = np.load(args.vectors, mmap_mode="r", allow_pickle=False)
+    langs = read_langs(args.corpus, len(V))
+    made = args.work is None
+    work = Path(tempfile.mkdtemp(prefix="vecplug-modes-", dir="/tmp")) if made else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        for n in args.sizes:
+            rows, qrows = split(len(V), n, args.queries, args.seed)
+            folder = work / f"modes-{n}-{args.seed}"
+            build_s = None
+            if not (folder / "manifest.json").is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                print(f"building {n:,} ...", file=sys.stderr, flush=True)
+                build_s = build(folder, V, langs, rows)
+            print(f"searching {n:,} ...", file=sys.stderr, flush=True)
+            results.append({"n": n, "build_s": build_s, **measure(folder, V, langs, rows, qrows, args.walk_shifts)})
+            if not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        if made and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT
+
+    return {"benchmark": "modes_scale", "machine": info, "vectors": str(args.vectors), "corpus": str(args.corpus),
+            "queries": args.queries, "seed": args.seed, "k": K, "exact_filter_limit": EXACT_FILTER_LIMIT,
+            "languages_shown": args.languages_shown,
+            "threads": os.environ.get("OMP_NUM_THREADS"), "results": results}
+
+
+def render(r: dict[str, Any]) -> str:
+    limit = r["exact_filter_limit"]
+    lines = [header_markdown("Retrieval modes' first stage on a large index of many languages", r["machine"]), "",
+             f"Vectors {r['vectors']} with the languages of {r['corpus']}; {r['queries']} held-out rows searched "
+             f"one at a time in their own document's language, top {r['k']}, after {WARMUP} warm-up queries; an "
+             "hnswlib store with its defaults, opened read-only. `xy + correction` searches each language of the "
+             f"index on its own (an exact scan for a language of at most {limit:,} documents, else a filtered "
+             "graph walk) and rescores centred vectors; its recall is against an exact centred ranking of every "
+             "document.", ""]
+    rows = []
+    for res in r["results"]:
+        by = Counter(res["languages"])
+        walked = sum(1 for c in by.values() if c > limit)
+        top = ", ".join(f"{lang} {c:,}" for lang, c in by.most_common(3))
+        row = [f"{res['n']:,}", f"{len(by)} ({walked} walked)", top]
+        row += [f"{m['p50_ms']:.2f} / {m['p95_ms']:.2f}" for m in res["modes"]]
+        row.append(f"{res['corrected_recall']:.4f}")
+        rows.append(row)
+    head = ["documents", "languages (> limit)", "largest"] + [f"{m['mode']} p50 / p95 ms"
+                                                             for m in r["results"][0]["modes"]]
+    lines.append(markdown_table(head + ["xy + correction recall@10"], rows))
+    lines += ["", f"(Per-language walks moved by `WALK_SHIFT` = {r['results'][0].get('walk_shift', 0):g} "
+              "times their language's mean: `adapters/bias.py`.)"]
+    shifted = [(res["n"], s) for res in r["results"] for s in res.get("shifts", [])]
+    if shifted:
+        lines += ["", "The corrected `xy` with other walk shifts (0: the walks of before the shift):", ""]
+        lines.append(markdown_table(["documents", "walk shift", "p50 / p95 ms", "mean ms", "recall@10"],
+                                    [[f"{n:,}", f"{s['shift']:g}", f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}",
+                                      f"{s['mean_ms']:.2f}", f"{s['recall']:.4f}"] for n, s in shifted]))
+    for res in r["results"]:
+        if "per_language" not in res:
+            continue
+        total = sum(res["per_language"].values())
+        lines += ["", f"The corrected search's per-language parts at {res['n']:,} documents ({total:.1f} ms a query "
+                  "in all, the dearest first):", ""]
+        shown = list(res["per_language"].items())[:r.get("languages_shown", 8)]
+        lines.append(markdown_table(
+            ["language", "documents", "share", "how", "ms a query"],
+            [[lang, f"{res['languages'].get(lang, 0):,}", f"{res['languages'].get(lang, 0) / res['n']:.1%}",
+              "filtered walk" if res["languages"].get(lang, 0) > limit else "exact scan", f"{ms:.2f}"]
+             for lang, ms in shown]))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(parse_args, run, render, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
