@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.bias import UND, LanguageMeans, top_hits, walk_vectors
-from vecplug.adapters.stores.base import Candidate, StoreHit, candidates_per_language, hit_vectors
+from vecplug.adapters.bias import UND, LanguageMeans, top_hits
+from vecplug.adapters.stores.base import Candidate, StoreHit, hit_vectors
 
 #: weights of (own score, mean over the group, best of the group); they sum to 1
 WEIGHTS = (0.2, 0.3, 0.5)
@@ -96,8 +96,10 @@ class Consensus:
         regrouped: the best ``depth`` (at least ``k``) of each language of ``langs`` (None: the
         index's), regrouped before their records are read."""
         every = list(langs) if langs else list(self.means.by_lang)
-        pooled: list[Candidate] = candidates_per_language(store, vector, max(k, self.depth), every, ef,
-                                                          walk_vectors(self.means, vector, every))
+        # no walk hints (bias.WALK_SHIFT): on the Debian million (benchmarks/modes_scale.py) they
+        # made this search several times faster but changed a good part of its top 10, and
+        # nothing yet measures which list is right
+        pooled: list[Candidate] = store.candidates_per_language(vector, max(k, self.depth), every, ef=ef)
         if not pooled:
             return []
         lang_of = [c.lang for c in pooled]

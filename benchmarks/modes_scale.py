@@ -50,6 +50,10 @@ WARMUP = 20
 #: (label, mode, with the language-bias correction)
 MODES = (("xy", "xy", False), ("xy + correction", "xy", True), ("mono", "mono", False),
          ("prefer + correction", "prefer", True))
+#: translation consensus as a search makes it (``search.consensus_threshold`` / ``_depth``
+#: defaults), timed without the correction: it too asks the store for every language (without
+#: walk hints: ``adapters/consensus.py``)
+CONSENSUS = (0.4, 40)
 BATCH = 10_000
 
 
@@ -133,16 +137,17 @@ def exact_centred(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means: 
     return [{f"d{i}" for i in row} for row in best_i]
 
 
-def timed(store: Any, Q: np.ndarray, qlangs: Sequence[str], mode: str, means: Any) -> tuple[dict[str, float], list[set[str]]]:
+def timed(store: Any, Q: np.ndarray, qlangs: Sequence[str], mode: str, means: Any,
+          consensus: Any = None) -> tuple[dict[str, float], list[set[str]]]:
     """Latency of ``modes.first_stage`` one query at a time (after a warm-up), and what each found."""
     from vecplug.adapters import modes
 
     for q, ql in zip(Q[:WARMUP], qlangs):
-        modes.first_stage(store, q, ql, mode, K, None, means)
+        modes.first_stage(store, q, ql, mode, K, None, means, None, consensus)
     lat, got = [], []
     for q, ql in zip(Q, qlangs):
         t0 = time.perf_counter()
-        hits = modes.first_stage(store, q, ql, mode, K, None, means)
+        hits = modes.first_stage(store, q, ql, mode, K, None, means, None, consensus)
         lat.append(time.perf_counter() - t0)
         got.append({h.record.id for h in hits})
     return ({"p50_ms": 1000 * percentile(lat, 50), "p95_ms": 1000 * percentile(lat, 95),
@@ -157,6 +162,7 @@ def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray,
             shifts: Sequence[float] = ()) -> dict[str, Any]:
     """Open the store read-only (as a search does) and time each mode's first stage."""
     from vecplug.adapters import bias
+    from vecplug.adapters.consensus import Consensus
     from vecplug.adapters.stores.hnsw import HnswStore
 
     store = HnswStore.open(str(folder), {})
@@ -170,6 +176,9 @@ def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray,
             row, found[label] = timed(store, Q, qlangs, mode, means if corrected else None)
             out["modes"].append({"mode": label, **row})
             print(f"  {label}: p50 {row['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
+        group = Consensus(means, *CONSENSUS)
+        row, _ = timed(store, Q, qlangs, "xy", None, group)
+        out["modes"].append({"mode": "xy + consensus", **row})
         truth = exact_centred(V, langs, rows, means, Q, qlangs)
         out["corrected_recall"] = recall(found["xy + correction"], truth)
         out["per_language"] = per_language(store, means, Q, qlangs)

@@ -42,7 +42,8 @@ def test_times_every_mode_and_scores_the_correction(bench: ModuleType, tmp_path:
     assert [res["n"] for res in r["results"]] == [400, 600]
     for res in r["results"]:
         assert sum(res["languages"].values()) == res["n"] and set(res["languages"]) == {"en", "de", "ja"}
-        assert [m["mode"] for m in res["modes"]] == ["xy", "xy + correction", "mono", "prefer + correction"]
+        assert [m["mode"] for m in res["modes"]] == ["xy", "xy + correction", "mono", "prefer + correction",
+                                                      "xy + consensus"]
         assert all(0 < m["p50_ms"] <= m["p95_ms"] for m in res["modes"])
         # three small languages: each scanned exactly, so the corrected first stage is the
         # exact centred ranking but for a candidate past a language's 2 x k by plain cosine
