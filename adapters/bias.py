@@ -17,7 +17,7 @@ language filter: inside one language the mean is a constant, so the store's own 
 is nearly the centred one) and rescores those candidates exactly with centred vectors. A
 language the store finds by a filtered graph walk is walked from inside its own region
 (:data:`WALK_SHIFT`): the centred query lies outside every language's region, and a walk
-from there for a language of a few percent of a large index crossed thousands of the other
+from there for a language of a few percent of a large index visited many of the other
 languages' nodes first.
 """
 from __future__ import annotations
