@@ -221,7 +221,7 @@ def test_hnswlib_walks_a_large_language_towards_its_hint(tmp_path: Path, monkeyp
         store.close()
 
 
-def test_a_plugin_store_without_walk_hints_is_asked_without_them(tmp_path: Path) -> None:
+def test_a_plugin_store_without_walk_hints_is_asked_without_them() -> None:
     """A third-party store that overrode ``candidates_per_language`` before the hints existed
     is called as it was written."""
     from vecplug.adapters.stores.base import candidates_per_language
