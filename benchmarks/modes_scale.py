@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ann_scale import K, _merge_top  # noqa: E402
 from bench_common import header_markdown, machine_info, markdown_table, percentile, run_main  # noqa: E402
 
-K = 10
 WARMUP = 20
 #: (label, mode, with the language-bias correction)
 MODES = (("xy", "xy", False), ("xy + correction", "xy", True), ("mono", "mono", False),
@@ -129,11 +129,7 @@ def exact_centred(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means: 
     for a in range(0, len(rows), 50_000):
         part = rows[a:a + 50_000]
         C = means.centre(unit(np.asarray(V[part], dtype=np.float32)), [langs[i] for i in part])
-        S = qc @ C.T
-        s = np.concatenate([best_s, S], axis=1)
-        ids = np.concatenate([best_i, np.broadcast_to(part, S.shape)], axis=1)
-        top = np.argpartition(-s, K - 1, axis=1)[:, :K]
-        best_s, best_i = np.take_along_axis(s, top, 1), np.take_along_axis(ids, top, 1)
+        best_s, best_i = _merge_top(best_s, best_i, qc @ C.T, part)
     return [{f"d{i}" for i in row} for row in best_i]
 
 

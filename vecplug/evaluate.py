@@ -428,8 +428,8 @@ def _describe(index: Any) -> dict[str, Any] | None:
 def _describe_reranker(index: Any, spec: str | None) -> dict[str, Any] | None:
     """The run's reranker as the index describes it (after its searches: ``teacher:auto``
     resolved), if it has one and the index can say (stand-ins in tests need not)."""
-    describe = getattr(index, "describe_reranker", None)
-    return describe(spec) if spec and spec != "none" and callable(describe) else None
+    describe = getattr(index, "describe_reranker", None)  # None for no reranker ("none" included)
+    return describe(spec) if callable(describe) else None
 
 
 # -- the whole evaluation -----------------------------------------------------------------------

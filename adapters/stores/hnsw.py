@@ -809,13 +809,14 @@ class HnswStore(VectorStore):
                 return []
             walks = walk_vectors or {}
             return [c for lang in langs for c in self._candidates(
-                row, k, [lang], ef, None if walks.get(lang) is None else self._walk_row(walks[lang]))]
+                row, k, [lang], ef, None if walks.get(lang) is None else self._row(walks[lang], "walk vector"))]
 
-    def _walk_row(self, vector: np.ndarray) -> np.ndarray:
+    def _row(self, vector: np.ndarray, what: str) -> np.ndarray:
+        """``vector`` as a float32 ``(1, dim)`` row; a ModelMismatchError naming ``what`` when
+        its dimension is not the index's."""
         row = np.asarray(vector, dtype=np.float32).reshape(1, -1)
         if row.shape[1] != self.dim:
-            raise ModelMismatchError(f"walk vector has dimension {row.shape[1]}, the index at {self.folder} "
-                                     f"has {self.dim}")
+            raise ModelMismatchError(f"{what} has dimension {row.shape[1]}, the index at {self.folder} has {self.dim}")
         return row
 
     def _candidates(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
@@ -845,10 +846,7 @@ class HnswStore(VectorStore):
     def _query_row(self, vector: np.ndarray) -> np.ndarray | None:
         """The query as a float32 ``(1, dim)`` row, once this reader follows the last commit;
         None when the index is empty. Under the mutex."""
-        row = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-        if row.shape[1] != self.dim:
-            raise ModelMismatchError(f"query vector has dimension {row.shape[1]}, "
-                                     f"the index at {self.folder} has {self.dim}")
+        row = self._row(vector, "query vector")
         if self._db is None:  # a closed handle found nothing, silently (the Qdrant store refuses)
             raise VecplugError(f"the index at {self.folder} is closed")
         self._follow()
