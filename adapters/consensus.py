@@ -96,9 +96,11 @@ class Consensus:
         regrouped: the best ``depth`` (at least ``k``) of each language of ``langs`` (None: the
         index's), regrouped before their records are read."""
         every = list(langs) if langs else list(self.means.by_lang)
-        # no walk hints (bias.WALK_SHIFT): on the Debian million (benchmarks/modes_scale.py) they
-        # made this search several times faster but changed a good part of its top 10, and
-        # nothing yet measures which list is right
+        # no walk hints (bias.WALK_SHIFT): towards the raw query plus a language's mean they made
+        # this search faster but lost much of what it regroups: of the exact consensus top 10
+        # (consensus over each language's exact best), 0.941 -> 0.837 / 0.743 (shift 0.5 / 1) on
+        # the Debian million, 0.977 -> 0.918 / 0.849 at 200,000
+        # (benchmarks/results/modes_scale_debian.md, --consensus-shifts)
         pooled: list[Candidate] = store.candidates_per_language(vector, max(k, self.depth), every, ef=ef)
         if not pooled:
             return []

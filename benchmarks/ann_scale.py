@@ -357,12 +357,14 @@ def make_data(args: argparse.Namespace, n: int, work: Path) -> dict[str, Any]:
 
 
 def _merge_top(best_s: np.ndarray, best_i: np.ndarray, s: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Running top-K: the best of (best_s, best_i) and the scores ``s`` of columns ``ids``."""
-    kk = min(K, s.shape[1])
+    """Running top-k (k: the width of ``best_s``, K where ann_scale keeps them): the best of
+    (best_s, best_i) and the scores ``s`` of columns ``ids``."""
+    k = best_s.shape[1]
+    kk = min(k, s.shape[1])
     part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
     cat_s = np.hstack([best_s, np.take_along_axis(s, part, 1)])
     cat_i = np.hstack([best_i, ids[part]])
-    sel = np.argpartition(-cat_s, K - 1, axis=1)[:, :K]
+    sel = np.argpartition(-cat_s, k - 1, axis=1)[:, :k]
     return np.take_along_axis(cat_s, sel, 1), np.take_along_axis(cat_i, sel, 1)
 
 

@@ -2,29 +2,39 @@
 
 ``ann_scale.py`` times the store's own search. A ``vecplug search`` runs a mode on top of it
 (``adapters/modes.py``): ``xy`` is one graph walk, ``mono`` one walk filtered to the query's
-language (an exact scan when the language has at most ``EXACT_FILTER_LIMIT`` documents), and
+language (an exact scan when the language has at most the store's scan limit of documents:
+``EXACT_FILTER_LIMIT``, which hnswlib raises in a large index, ``hnsw.scan_limit``), and
 ``xy`` with the language-bias correction (the default: ``index.debias``) asks the store for the
 best candidates of *every* language of the index separately and rescores them with centred
 vectors (``adapters/bias.py``). Its cost therefore grows with the number of languages and with
 how the documents spread over them, which a six-language development set does not show.
 
-This builds an hnswlib store (the store's defaults) from real embeddings with their documents'
-real languages (rows of ``--vectors`` aligned with the lines of ``--corpus``, a JSONL with a
-``lang`` field, as ``debian_corpus.py`` and ``tatoeba_vectors.py`` make them), the language sums
-in its manifest as indexing keeps them, and times ``modes.first_stage`` one query at a time
-(held-out rows, each with its own document's language, after a warm-up) for ``xy``,
-``xy`` + correction, ``mono`` and ``prefer`` + correction, top 10. It also scores the corrected
-``xy`` against an exact centred ranking of every document (brute force), the list the
-correction defines, and times what the corrected search asks the store for each language (its
-candidates for the centred query, as ``adapters/bias.py`` asks them), the dearest first. With
-``--walk-shifts`` it times the corrected ``xy`` again with each value of ``bias.WALK_SHIFT``
-(how far a language's filtered walk is moved into that language's region; 0: not at all, the
-walks of before the shift), each with its recall.
+This builds a store (``--store``: hnswlib or embedded Qdrant, with their defaults) from real
+embeddings with their documents' real languages (rows of ``--vectors`` aligned with the lines of
+``--corpus``, a JSONL with a ``lang`` field, as ``debian_corpus.py`` and ``tatoeba_vectors.py``
+make them), the language sums in its manifest as indexing keeps them, and times
+``modes.first_stage`` one query at a time (held-out rows, each with its own document's language,
+after a warm-up) for ``xy``, ``xy`` + correction, ``mono``, ``prefer`` + correction and ``xy`` +
+translation consensus, top 10. It also scores the corrected ``xy`` against an exact centred
+ranking of every document (brute force), the list the correction defines, and ``xy`` + consensus
+against consensus over each language's exact top 40 (the lists it regroups, found by brute
+force), and times what the corrected search asks the store for each language (its candidates for
+the centred query, as ``adapters/bias.py`` asks them), the dearest first. With ``--walk-shifts``
+it times the corrected ``xy`` again with each value of ``bias.WALK_SHIFT`` (how far a language's
+filtered walk is moved into that language's region; 0: not at all, the walks of before the
+shift), each with its recall. With ``--consensus-shifts`` it times ``xy`` + consensus with such
+walk hints too (towards the query plus S x each language's mean), which the library does not
+give it (``adapters/consensus.py``), each with its recall of the exact consensus. With
+``--scan-limits`` (hnswlib) it times the corrected ``xy`` with each limit of documents up to
+which a language is scanned exactly instead of walked (``hnsw.scan_limit``), one store handle
+per limit, the handles taking turns query by query (this machine's speed drifts over a run by as
+much as the differences measured), with the memory its language filters take (a scanned
+language's is a copy of its vectors).
 
 Usage::
 
     python benchmarks/modes_scale.py --vectors /tmp/benchwork/debian-1m-me5-small.npy \\
-        --corpus /tmp/benchwork/debian-1m.jsonl --sizes 200000 1000000 [--json out.json]
+        --corpus /tmp/benchwork/debian-1m.jsonl --sizes 200000 1000000 [--store qdrant] [--json out.json]
 """
 from __future__ import annotations
 
@@ -55,6 +65,8 @@ MODES = (("xy", "xy", False), ("xy + correction", "xy", True), ("mono", "mono", 
 #: walk hints: ``adapters/consensus.py``)
 CONSENSUS = (0.4, 40)
 BATCH = 10_000
+#: stores this builds (the registry's built-in names)
+STORES = ("hnswlib", "qdrant")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -64,13 +76,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[200_000], help="index sizes (documents)")
     p.add_argument("--queries", type=int, default=300, help="held-out rows searched (their own language)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--store", choices=STORES, default="hnswlib", help="the store built and searched")
     p.add_argument("--work", type=Path, help="where the indexes are built (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the indexes (reused by a later run with --work)")
     p.add_argument("--languages-shown", type=int, default=8, help="rows of the per-language table")
     p.add_argument("--walk-shifts", type=float, nargs="*", default=[], metavar="S",
                    help="also time the corrected xy with adapters.bias.WALK_SHIFT set to each S")
+    p.add_argument("--scan-limits", type=int, nargs="*", default=[], metavar="N",
+                   help="hnswlib: also time the corrected xy with each exact-scan limit N, interleaved query by query")
+    p.add_argument("--consensus-shifts", type=float, nargs="*", default=[], metavar="S",
+                   help="also time xy + consensus with walk hints towards the query + S x each language's mean")
     p.add_argument("--json", type=Path)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.scan_limits and args.store != "hnswlib":
+        p.error("--scan-limits is the hnswlib store's (Qdrant's limit is its full_scan_threshold)")
+    return args
 
 
 def read_langs(corpus: Path, rows: int) -> list[str]:
@@ -94,15 +114,15 @@ def split(total: int, n: int, queries: int, seed: int) -> tuple[np.ndarray, np.n
     return np.sort(order[queries:queries + n]), np.sort(order[:queries])
 
 
-def build(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray) -> float:
-    """An hnswlib store of ``rows`` with the language sums indexing keeps; seconds taken."""
+def build(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, kind: str = "hnswlib") -> float:
+    """A store of ``rows`` with the language sums indexing keeps, committed once; seconds taken."""
     from vecplug.adapters.bias import LanguageStats
     from vecplug.adapters.stores.base import Record
-    from vecplug.adapters.stores.hnsw import HnswStore
+    from vecplug.adapters.stores.registry import get_store_class
 
     t0 = time.perf_counter()
     dim = V.shape[1]
-    store = HnswStore.create(str(folder), dim, {"dim": dim}, {})
+    store = get_store_class(kind).create(str(folder), dim, {"dim": dim}, {})
     stats = LanguageStats(dim)
     try:
         for a in range(0, len(rows), BATCH):
@@ -133,17 +153,109 @@ def exact_centred(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means: 
     return [{f"d{i}" for i in row} for row in best_i]
 
 
+def exact_consensus(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means: Any, Q: np.ndarray,
+                    threshold: float, depth: int) -> list[set[str]]:
+    """Each query's top ``K`` by translation consensus over each language's exact top ``depth``
+    by plain cosine: what ``Consensus.search`` regroups, found by brute force."""
+    from vecplug.adapters.consensus import consensus_scores
+
+    lang_rows = np.asarray([langs[i] for i in rows])
+    codes = sorted(set(lang_rows.tolist()))
+    best = {c: (np.full((len(Q), depth), -np.inf, dtype=np.float32), np.full((len(Q), depth), -1, dtype=np.int64))
+            for c in codes}
+    for a in range(0, len(rows), 50_000):
+        part, part_langs = rows[a:a + 50_000], lang_rows[a:a + 50_000]
+        S = Q @ unit(np.asarray(V[part], dtype=np.float32)).T
+        for c in codes:
+            cols = np.flatnonzero(part_langs == c)
+            if len(cols):
+                best[c] = _merge_top(*best[c], S[:, cols], part[cols])
+    out = []
+    for qi in range(len(Q)):
+        found = [(best[c][0][qi], best[c][1][qi]) for c in codes]
+        ids = np.concatenate([i[i >= 0] for _, i in found])
+        scores = np.concatenate([s[i >= 0] for s, i in found])
+        id_langs = [langs[i] for i in ids]
+        centred = means.centre(unit(np.asarray(V[ids], dtype=np.float32)), id_langs)
+        new = consensus_scores(scores, centred, id_langs, threshold)
+        out.append({f"d{ids[i]}" for i in np.argsort(-new, kind="stable")[:K]})
+    return out
+
+
 def timed(store: Any, Q: np.ndarray, qlangs: Sequence[str], mode: str, means: Any,
           consensus: Any = None) -> tuple[dict[str, float], list[set[str]]]:
     """Latency of ``modes.first_stage`` one query at a time (after a warm-up), and what each found."""
     from vecplug.adapters import modes
 
+    return latency(lambda q, ql: modes.first_stage(store, q, ql, mode, K, None, means, None, consensus), Q, qlangs)
+
+
+def scan_limits(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, qrows: np.ndarray,
+                limits: Sequence[int]) -> list[dict[str, Any]]:
+    """The corrected ``xy`` with each exact-scan limit: one read-only hnswlib handle per limit
+    (a handle decides scan or walk once per language, when it first asks), warmed up, then
+    taking turns query by query; each with its recall and its filter cache's bytes."""
+    from vecplug.adapters import bias, modes
+    from vecplug.adapters.stores import hnsw
+
+    Q = unit(np.asarray(V[qrows], dtype=np.float32))
+    qlangs = [langs[i] for i in qrows]
+    stores, kept = [], hnsw.scan_limit
+    try:
+        for limit in limits:
+            hnsw.scan_limit = lambda total, limit=limit: limit  # type: ignore[assignment]
+            try:
+                stores.append(hnsw.HnswStore.open(str(folder), {}))
+                means = bias.LanguageStats.from_manifest(stores[-1].manifest).means()
+                for q, ql in zip(Q[:WARMUP], qlangs):
+                    modes.first_stage(stores[-1], q, ql, "xy", K, None, means)
+            finally:
+                hnsw.scan_limit = kept
+        lat: list[list[float]] = [[] for _ in limits]
+        got: list[list[set[str]]] = [[] for _ in limits]
+        for j, (q, ql) in enumerate(zip(Q, qlangs)):
+            turn = list(range(len(limits)))
+            for i in turn[j % len(turn):] + turn[:j % len(turn)]:  # each handle first in turn
+                t0 = time.perf_counter()
+                hits = modes.first_stage(stores[i], q, ql, "xy", K, None, means)
+                lat[i].append(time.perf_counter() - t0)
+                got[i].append({h.record.id for h in hits})
+        truth = exact_centred(V, langs, rows, means, Q, qlangs)
+        return [{"limit": limit, "p50_ms": 1000 * percentile(lat[i], 50), "p95_ms": 1000 * percentile(lat[i], 95),
+                 "mean_ms": 1000 * float(np.mean(lat[i])), "recall": recall(got[i], truth),
+                 "walked": sum(1 for n in stores[i].languages().values() if n > limit),
+                 "cache_mb": sum(map(hnsw._filter_bytes, stores[i]._filter_cache.values())) / 1e6}
+                for i, limit in enumerate(limits)]
+    finally:
+        for store in stores:
+            store.close()
+
+
+def hinted_consensus(store: Any, group: Any, shift: float) -> Any:
+    """``Consensus.search`` (pooled, uncorrected) as it would be with walk hints: each language's
+    walk towards the query plus ``shift`` x that language's mean, as the corrected search's go."""
+    from vecplug.adapters.bias import top_hits
+    from vecplug.adapters.stores.base import candidates_per_language
+
+    every = list(group.means.by_lang)
+
+    def search(q: np.ndarray, ql: str) -> list[Any]:
+        hints = {lang: q + shift * group.means.of(lang) for lang in every}
+        pooled = candidates_per_language(store, q, max(K, group.depth), every, None, hints)
+        lang_of = [c.lang for c in pooled]
+        centred = group.means.centre(np.stack([c.vector for c in pooled]), lang_of)
+        return top_hits(store, pooled, group.scores(np.asarray([c.score for c in pooled]), centred, lang_of), K)
+    return search
+
+
+def latency(search: Any, Q: np.ndarray, qlangs: Sequence[str]) -> tuple[dict[str, float], list[set[str]]]:
+    """Latency of ``search(query, language)`` one query at a time (after a warm-up), and what each found."""
     for q, ql in zip(Q[:WARMUP], qlangs):
-        modes.first_stage(store, q, ql, mode, K, None, means, None, consensus)
+        search(q, ql)
     lat, got = [], []
     for q, ql in zip(Q, qlangs):
         t0 = time.perf_counter()
-        hits = modes.first_stage(store, q, ql, mode, K, None, means, None, consensus)
+        hits = search(q, ql)
         lat.append(time.perf_counter() - t0)
         got.append({h.record.id for h in hits})
     return ({"p50_ms": 1000 * percentile(lat, 50), "p95_ms": 1000 * percentile(lat, 95),
@@ -155,13 +267,14 @@ def recall(found: Sequence[set[str]], truth: Sequence[set[str]]) -> float:
 
 
 def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, qrows: np.ndarray,
-            shifts: Sequence[float] = ()) -> dict[str, Any]:
+            shifts: Sequence[float] = (), kind: str = "hnswlib",
+            consensus_shifts: Sequence[float] = ()) -> dict[str, Any]:
     """Open the store read-only (as a search does) and time each mode's first stage."""
     from vecplug.adapters import bias
     from vecplug.adapters.consensus import Consensus
-    from vecplug.adapters.stores.hnsw import HnswStore
+    from vecplug.adapters.stores.registry import get_store_class
 
-    store = HnswStore.open(str(folder), {})
+    store = get_store_class(kind).open(str(folder), {})
     try:
         means = bias.LanguageStats.from_manifest(store.manifest).means()
         Q = unit(np.asarray(V[qrows], dtype=np.float32))
@@ -173,10 +286,17 @@ def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray,
             out["modes"].append({"mode": label, **row})
             print(f"  {label}: p50 {row['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
         group = Consensus(means, *CONSENSUS)
-        row, _ = timed(store, Q, qlangs, "xy", None, group)
+        row, found["xy + consensus"] = timed(store, Q, qlangs, "xy", None, group)
         out["modes"].append({"mode": "xy + consensus", **row})
         truth = exact_centred(V, langs, rows, means, Q, qlangs)
         out["corrected_recall"] = recall(found["xy + correction"], truth)
+        consensus_truth = exact_consensus(V, langs, rows, means, Q, *CONSENSUS)
+        out["consensus_recall"] = recall(found["xy + consensus"], consensus_truth)
+        out["consensus_shifts"] = []
+        for shift in consensus_shifts:
+            row, got = latency(hinted_consensus(store, group, shift), Q, qlangs)
+            out["consensus_shifts"].append({"shift": shift, **row, "recall": recall(got, consensus_truth)})
+            print(f"  xy + consensus, walk hints {shift:g}: p50 {row['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
         out["per_language"] = per_language(store, means, Q, qlangs)
         out["shifts"] = []
         kept = bias.WALK_SHIFT
@@ -221,14 +341,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for n in args.sizes:
             rows, qrows = split(len(V), n, args.queries, args.seed)
-            folder = work / f"modes-{n}-{args.seed}"
+            # hnswlib's folders keep their names of before --store: kept ones are found again
+            folder = work / (f"modes-{n}-{args.seed}" if args.store == "hnswlib" else f"modes-{args.store}-{n}-{args.seed}")
             build_s = None
             if not (folder / "manifest.json").is_file():
                 shutil.rmtree(folder, ignore_errors=True)
                 print(f"building {n:,} ...", file=sys.stderr, flush=True)
-                build_s = build(folder, V, langs, rows)
+                build_s = build(folder, V, langs, rows, args.store)
             print(f"searching {n:,} ...", file=sys.stderr, flush=True)
-            results.append({"n": n, "build_s": build_s, **measure(folder, V, langs, rows, qrows, args.walk_shifts)})
+            results.append({"n": n, "build_s": build_s, "scan_limit": scan_limit(args.store, n), **measure(
+                folder, V, langs, rows, qrows, args.walk_shifts, args.store, args.consensus_shifts)})
+            if args.scan_limits:
+                print(f"  scan limits {args.scan_limits} ...", file=sys.stderr, flush=True)
+                results[-1]["scan_limits"] = scan_limits(folder, V, langs, rows, qrows, args.scan_limits)
             if not args.keep:
                 shutil.rmtree(folder, ignore_errors=True)
     finally:
@@ -236,33 +361,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
     from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT
 
-    return {"benchmark": "modes_scale", "machine": info, "vectors": str(args.vectors), "corpus": str(args.corpus),
+    return {"benchmark": "modes_scale", "store": args.store, "machine": info, "vectors": str(args.vectors), "corpus": str(args.corpus),
             "queries": args.queries, "seed": args.seed, "k": K, "exact_filter_limit": EXACT_FILTER_LIMIT,
             "languages_shown": args.languages_shown,
             "threads": os.environ.get("OMP_NUM_THREADS"), "results": results}
 
 
+STORE_NAMES = {"hnswlib": "an hnswlib store", "qdrant": "an embedded Qdrant store"}
+
+
+def scan_limit(kind: str, n: int) -> int:
+    """The most documents of a language the store scans exactly in an index of ``n``: hnswlib's
+    grows with the index (``hnsw.scan_limit``), Qdrant's is its full_scan_threshold."""
+    from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT
+    from vecplug.adapters.stores.hnsw import scan_limit as hnsw_limit
+
+    return hnsw_limit(n) if kind == "hnswlib" else EXACT_FILTER_LIMIT
+
+
 def render(r: dict[str, Any]) -> str:
-    limit = r["exact_filter_limit"]
+    def limit(res: dict[str, Any]) -> int:  # results of before the scan limit grew: the fixed one
+        return int(res.get("scan_limit", r["exact_filter_limit"]))
+
     lines = [header_markdown("Retrieval modes' first stage on a large index of many languages", r["machine"]), "",
              f"Vectors {r['vectors']} with the languages of {r['corpus']}; {r['queries']} held-out rows searched "
-             f"one at a time in their own document's language, top {r['k']}, after {WARMUP} warm-up queries; an "
-             "hnswlib store with its defaults, opened read-only. `xy + correction` searches each language of the "
-             f"index on its own (an exact scan for a language of at most {limit:,} documents, else a filtered "
-             "graph walk) and rescores centred vectors; its recall is against an exact centred ranking of every "
-             "document.", ""]
+             f"one at a time in their own document's language, top {r['k']}, after {WARMUP} warm-up queries; "
+             f"{STORE_NAMES[r.get('store', 'hnswlib')]} with its defaults, opened read-only. `xy + correction` "
+             "searches each language of the index on its own (an exact scan for a language of at most the scan limit's "
+             "documents, else a filtered graph walk) and rescores centred vectors; its recall is against an exact "
+             "centred ranking of every document. `xy + consensus` (without the correction) regroups each "
+             f"language's best {CONSENSUS[1]}; its recall is against consensus over each language's exact best "
+             f"{CONSENSUS[1]}.", ""]
     rows = []
     for res in r["results"]:
         by = Counter(res["languages"])
-        walked = sum(1 for c in by.values() if c > limit)
+        walked = sum(1 for c in by.values() if c > limit(res))
         top = ", ".join(f"{lang} {c:,}" for lang, c in by.most_common(3))
-        row = [f"{res['n']:,}", f"{len(by)} ({walked} walked)", top]
+        row = [f"{res['n']:,}", f"{limit(res):,}", f"{len(by)} ({walked} walked)", top]
         row += [f"{m['p50_ms']:.2f} / {m['p95_ms']:.2f}" for m in res["modes"]]
         row.append(f"{res['corrected_recall']:.4f}")
+        row.append(f"{res['consensus_recall']:.4f}" if "consensus_recall" in res else "")
         rows.append(row)
-    head = ["documents", "languages (> limit)", "largest"] + [f"{m['mode']} p50 / p95 ms"
+    head = ["documents", "scan limit", "languages (> limit)", "largest"] + [f"{m['mode']} p50 / p95 ms"
                                                              for m in r["results"][0]["modes"]]
-    lines.append(markdown_table(head + ["xy + correction recall@10"], rows))
+    lines.append(markdown_table(head + ["xy + correction recall@10", "xy + consensus recall@10"], rows))
     lines += ["", f"(Per-language walks moved by `WALK_SHIFT` = {r['results'][0].get('walk_shift', 0):g} "
               "times their language's mean: `adapters/bias.py`.)"]
     shifted = [(res["n"], s) for res in r["results"] for s in res.get("shifts", [])]
@@ -271,6 +413,23 @@ def render(r: dict[str, Any]) -> str:
         lines.append(markdown_table(["documents", "walk shift", "p50 / p95 ms", "mean ms", "recall@10"],
                                     [[f"{n:,}", f"{s['shift']:g}", f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}",
                                       f"{s['mean_ms']:.2f}", f"{s['recall']:.4f}"] for n, s in shifted]))
+    limited = [(res["n"], s) for res in r["results"] for s in res.get("scan_limits", [])]
+    if limited:
+        lines += ["", "The corrected `xy` with other exact-scan limits (a language of more documents is walked), "
+                  "one store handle each, taking turns query by query; the memory its language filters take "
+                  "(a scanned language's: a copy of its vectors):", ""]
+        lines.append(markdown_table(["documents", "scan limit", "walked", "p50 / p95 ms", "mean ms", "recall@10",
+                                     "filters MB"],
+                                    [[f"{n:,}", f"{s['limit']:,}", str(s["walked"]),
+                                      f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}", f"{s['mean_ms']:.2f}",
+                                      f"{s['recall']:.4f}", f"{s['cache_mb']:.0f}"] for n, s in limited]))
+    hinted = [(res["n"], s) for res in r["results"] for s in res.get("consensus_shifts", [])]
+    if hinted:
+        lines += ["", "`xy` + consensus with walk hints (towards the query plus the shift x each language's mean; "
+                  "the library walks without: `adapters/consensus.py`), recall of the exact consensus:", ""]
+        lines.append(markdown_table(["documents", "hint shift", "p50 / p95 ms", "mean ms", "recall@10"],
+                                    [[f"{n:,}", f"{s['shift']:g}", f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}",
+                                      f"{s['mean_ms']:.2f}", f"{s['recall']:.4f}"] for n, s in hinted]))
     for res in r["results"]:
         if "per_language" not in res:
             continue
@@ -281,7 +440,7 @@ def render(r: dict[str, Any]) -> str:
         lines.append(markdown_table(
             ["language", "documents", "share", "how", "ms a query"],
             [[lang, f"{res['languages'].get(lang, 0):,}", f"{res['languages'].get(lang, 0) / res['n']:.1%}",
-              "filtered walk" if res["languages"].get(lang, 0) > limit else "exact scan", f"{ms:.2f}"]
+              "filtered walk" if res["languages"].get(lang, 0) > limit(res) else "exact scan", f"{ms:.2f}"]
              for lang, ms in shown]))
     return "\n".join(lines)
 

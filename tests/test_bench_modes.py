@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,18 @@ def _data(folder: Path, n: int = 700, dim: int = 16, langs: tuple[str, ...] = ("
     return folder / "v.npy", folder / "c.jsonl"
 
 
+def _fitted(bench: ModuleType, folder: Path, n: int) -> tuple[np.ndarray, list[str], Any]:
+    """:func:`_data`'s unit vectors (8-d), their languages, and the means of all of them."""
+    from vecplug.adapters.bias import LanguageStats
+
+    vectors, corpus = _data(folder, n=n, dim=8)
+    V = bench.unit(np.load(vectors))
+    langs = bench.read_langs(corpus, len(V))
+    stats = LanguageStats(8)
+    stats.add(langs, V)
+    return V, langs, stats.means()
+
+
 def test_times_every_mode_and_scores_the_correction(bench: ModuleType, tmp_path: Path) -> None:
     vectors, corpus = _data(tmp_path / "data")
     work, out = tmp_path / "work", tmp_path / "out.json"
@@ -32,6 +45,7 @@ def test_times_every_mode_and_scores_the_correction(bench: ModuleType, tmp_path:
             "--work", str(work), "--keep", "--json", str(out)]
     assert bench.main(args + ["--walk-shifts", "0", "2"]) == 0
     r = json.loads(out.read_text())
+    assert r["store"] == "hnswlib"
     from vecplug.adapters import bias
 
     assert bias.WALK_SHIFT == r["results"][0]["walk_shift"] == 1.0  # the sweep put it back
@@ -42,12 +56,15 @@ def test_times_every_mode_and_scores_the_correction(bench: ModuleType, tmp_path:
     assert [res["n"] for res in r["results"]] == [400, 600]
     for res in r["results"]:
         assert sum(res["languages"].values()) == res["n"] and set(res["languages"]) == {"en", "de", "ja"}
+        assert res["scan_limit"] == 20_000  # a small index: the fixed limit
         assert [m["mode"] for m in res["modes"]] == ["xy", "xy + correction", "mono", "prefer + correction",
                                                       "xy + consensus"]
         assert all(0 < m["p50_ms"] <= m["p95_ms"] for m in res["modes"])
         # three small languages: each scanned exactly, so the corrected first stage is the
         # exact centred ranking but for a candidate past a language's 2 x k by plain cosine
         assert 0.9 <= res["corrected_recall"] <= 1.0
+        # each language's best 40 found exactly (every language scanned): the reference's own lists
+        assert res["consensus_recall"] == 1.0
         assert res["build_s"] > 0
         assert set(res["per_language"]) == {"en", "de", "ja"} and all(ms > 0 for ms in res["per_language"].values())
         assert list(res["per_language"].values()) == sorted(res["per_language"].values(), reverse=True)
@@ -62,14 +79,7 @@ def test_times_every_mode_and_scores_the_correction(bench: ModuleType, tmp_path:
 
 def test_exact_centred_is_the_brute_force_ranking(bench: ModuleType, tmp_path: Path) -> None:
     """The reference list: every document centred by its language's mean, the query by its own."""
-    from vecplug.adapters.bias import LanguageStats
-
-    vectors, corpus = _data(tmp_path, n=90, dim=8)
-    V = bench.unit(np.load(vectors))
-    langs = bench.read_langs(corpus, len(V))
-    stats = LanguageStats(8)
-    stats.add(langs, V)
-    means = stats.means()
+    V, langs, means = _fitted(bench, tmp_path, 90)
     rows, qrows = bench.split(len(V), 80, 5, 0)
     assert not set(rows) & set(qrows) and len(rows) == 80 and len(qrows) == 5
     got = bench.exact_centred(V, langs, rows, means, V[qrows], [langs[i] for i in qrows])
@@ -86,3 +96,80 @@ def test_refuses_a_corpus_shorter_than_the_vectors(bench: ModuleType, tmp_path: 
         bench.main(["--vectors", str(vectors), "--corpus", str(corpus), "--sizes", "30", "--queries", "5"])
     with pytest.raises(SystemExit, match="too few for 60 documents"):
         bench.split(50, 60, 5, 0)
+
+
+def test_exact_consensus_regroups_each_languages_exact_best(bench: ModuleType, tmp_path: Path) -> None:
+    """The consensus reference: each language's best ``depth`` by plain cosine, found by brute
+    force, regrouped by ``consensus_scores`` as a search regroups what the store finds."""
+    from vecplug.adapters.consensus import consensus_scores
+
+    V, langs, means = _fitted(bench, tmp_path, 120)
+    rows, qrows = bench.split(len(V), 110, 5, 0)
+    depth = 12  # fewer than a language's documents: the cut matters
+    got = bench.exact_consensus(V, langs, rows, means, V[qrows], 0.3, depth)
+    plain: list[set[str]] = []
+    for q, found in zip(qrows, got):
+        pool = []
+        for lang in ("en", "de", "ja"):
+            mine = [i for i in rows if langs[i] == lang]
+            pool += sorted(mine, key=lambda i: -float(V[i] @ V[q]))[:depth]
+        scores = np.asarray([float(V[i] @ V[q]) for i in pool])
+        new = consensus_scores(scores, means.centre(V[pool], [langs[i] for i in pool]), [langs[i] for i in pool], 0.3)
+        assert found == {f"d{pool[i]}" for i in np.argsort(-new, kind="stable")[:bench.K]}
+        plain.append({f"d{i}" for i in sorted(rows, key=lambda i: -float(V[i] @ V[q]))[:bench.K]})
+    # the regrouping shows: a reference that skipped it would be the plain top 10
+    assert any(found != p for found, p in zip(got, plain))
+
+
+def test_builds_and_searches_an_embedded_qdrant_store(bench: ModuleType, tmp_path: Path) -> None:
+    vectors, corpus = _data(tmp_path / "data", n=300)
+    work, out = tmp_path / "work", tmp_path / "out.json"
+    assert bench.main(["--vectors", str(vectors), "--corpus", str(corpus), "--sizes", "250", "--queries", "20",
+                       "--store", "qdrant", "--work", str(work), "--keep", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["store"] == "qdrant" and [p.name for p in work.iterdir()] == ["modes-qdrant-250-0"]
+    (res,) = r["results"]
+    assert sum(res["languages"].values()) == 250
+    assert 0.9 <= res["corrected_recall"] <= 1.0 and res["consensus_recall"] == 1.0
+    assert "embedded Qdrant store" in bench.render(r)
+
+
+def test_consensus_with_walk_hints_is_timed_and_scored(bench: ModuleType, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--consensus-shifts``: consensus as it would be with walk hints, against the exact
+    consensus. Every language walked here (a limit of 50 documents): a hint of the query itself
+    (shift 0) walks as consensus does, a far one finds other candidates."""
+    import vecplug.adapters.stores.hnsw as hnsw
+
+    monkeypatch.setattr(hnsw, "scan_limit", lambda total: 50)
+    vectors, corpus = _data(tmp_path / "data", n=700)
+    out = tmp_path / "out.json"
+    assert bench.main(["--vectors", str(vectors), "--corpus", str(corpus), "--sizes", "600", "--queries", "30",
+                       "--consensus-shifts", "0", "8", "--json", str(out)]) == 0
+    (res,) = json.loads(out.read_text())["results"]
+    assert [s["shift"] for s in res["consensus_shifts"]] == [0, 8]
+    unshifted, far = res["consensus_shifts"]
+    assert unshifted["recall"] == res["consensus_recall"] and far["recall"] < unshifted["recall"]
+    assert all(0 < s["p50_ms"] <= s["p95_ms"] for s in res["consensus_shifts"])
+    assert "with walk hints" in bench.render(json.loads(out.read_text()))
+
+
+def test_scan_limits_take_turns_and_count_the_copies(bench: ModuleType, tmp_path: Path) -> None:
+    """``--scan-limits``: one handle per limit; below every language's size all are walked (label
+    sets cached), above it all are scanned (copies of all 600 documents' vectors cached), and the
+    scans find what the default limit's scans find."""
+    vectors, corpus = _data(tmp_path / "data", n=700)
+    out = tmp_path / "out.json"
+    assert bench.main(["--vectors", str(vectors), "--corpus", str(corpus), "--sizes", "600", "--queries", "30",
+                       "--scan-limits", "50", "100000", "--json", str(out)]) == 0
+    (res,) = json.loads(out.read_text())["results"]
+    walked, scanned = res["scan_limits"]
+    assert (walked["limit"], walked["walked"], scanned["limit"], scanned["walked"]) == (50, 3, 100_000, 0)
+    # the handle's filter cache: labels (8 bytes) and vectors (16 float32), or a label set (~64 bytes a label)
+    assert scanned["cache_mb"] == pytest.approx(600 * (8 + 16 * 4) / 1e6)
+    assert walked["cache_mb"] == pytest.approx(600 * (8 + 64) / 1e6)
+    assert scanned["recall"] == res["corrected_recall"] >= 0.9  # the default limit scans all 3 here too
+    assert all(0 < s["p50_ms"] <= s["p95_ms"] for s in res["scan_limits"])
+    assert "other exact-scan limits" in bench.render(json.loads(out.read_text()))
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--vectors", "v", "--corpus", "c", "--store", "qdrant", "--scan-limits", "10"])

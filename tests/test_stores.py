@@ -199,7 +199,7 @@ def test_hnswlib_walks_a_large_language_towards_its_hint(tmp_path: Path, monkeyp
     the query and ordered by that score."""
     import vecplug.adapters.stores.hnsw as hnsw
 
-    monkeypatch.setattr(hnsw, "EXACT_FILTER_LIMIT", 10)  # every language here is walked
+    monkeypatch.setattr(hnsw, "scan_limit", lambda total: 10)  # every language here is walked
     vecs = unit_vectors(300, DIM, seed=11)
     q, hint = unit_vectors(2, DIM, seed=12)
     store = hnsw.HnswStore.create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
@@ -219,6 +219,46 @@ def test_hnswlib_walks_a_large_language_towards_its_hint(tmp_path: Path, monkeyp
             store.candidates_per_language(q, 5, ["de"], walk_vectors={"de": np.ones(3)})
     finally:
         store.close()
+
+
+@pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client
+@pytest.mark.parametrize("target", ["qdrant-embedded", "qdrant-server"], indirect=True)
+def test_qdrant_walks_a_large_language_towards_its_hint(target: tuple[type, str, dict[str, Any]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qdrant (embedded and server): a language past the exact-scan limit, as the store counts
+    it, is searched towards its hint, the candidates scored against the query, best first; a
+    language within the limit ignores its hint; a hint of the wrong dimension is refused."""
+    import vecplug.adapters.stores.qdrant as qdrant
+
+    vecs = unit_vectors(300, DIM, seed=11)
+    q, hint, other = unit_vectors(3, DIM, seed=12)
+    with committed(target, vecs) as store:
+        counts = store.languages()
+        assert counts["de"] > counts["en"]
+        monkeypatch.setattr(qdrant, "EXACT_FILTER_LIMIT", counts["en"])  # de walked, en scanned
+        plain = store.candidates_per_language(q, 5, ["de", "en"])
+        hinted = store.candidates_per_language(q, 5, ["de", "en"], walk_vectors={"de": hint, "en": other})
+        assert [c.key for c in hinted[5:]] == [c.key for c in plain[5:]]  # en: its hint ignored
+        towards = store.candidates(hint, 5, ["de"])
+        assert {c.key.record.id for c in hinted[:5]} == {c.key.record.id for c in towards}
+        assert {c.key.record.id for c in towards} != {c.key.record.id for c in plain[:5]}
+        scores = [c.score for c in hinted[:5]]
+        assert scores == sorted(scores, reverse=True)
+        np.testing.assert_allclose(scores, [float(c.vector @ q) for c in hinted[:5]], atol=1e-5)
+        assert [h.score for h in store.hits(hinted[:5])] == scores
+        with pytest.raises(ValueError, match="walk vector of dimension 12, got 3"):
+            store.candidates_per_language(q, 5, ["de"], walk_vectors={"de": np.ones(3)})
+
+
+def test_hnswlib_scans_more_of_a_large_index_exactly() -> None:
+    """The exact-scan limit: EXACT_FILTER_LIMIT up to 160,000 documents, then where a scan of a
+    language costs what its filtered walk costs (documents^2 / index size = 2,500), capped."""
+    from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT
+    from vecplug.adapters.stores.hnsw import SCAN_LIMIT_CAP, scan_limit
+
+    assert scan_limit(0) == scan_limit(1_000) == scan_limit(160_000) == EXACT_FILTER_LIMIT == 20_000
+    assert scan_limit(200_000) == 22_360 and scan_limit(1_000_000) == SCAN_LIMIT_CAP == 50_000
+    assert scan_limit(50_000_000) == SCAN_LIMIT_CAP
 
 
 def test_a_plugin_store_without_walk_hints_is_asked_without_them() -> None:
@@ -326,7 +366,7 @@ def test_hnswlib_large_filter_walks_the_graph(tmp_path: Path, monkeypatch: pytes
     finds the filter's exact top k, for a language near the query and for one far from it."""
     from vecplug.adapters.stores import hnsw
 
-    monkeypatch.setattr(hnsw, "EXACT_FILTER_LIMIT", 10)  # every filter below walks the graph
+    monkeypatch.setattr(hnsw, "scan_limit", lambda total: 10)  # every filter below walks the graph
     vecs = unit_vectors(600, DIM, seed=8)
     recs = records(600)
     # the German documents point away from the queries: none is among their unfiltered neighbours

@@ -58,9 +58,10 @@ class Candidate:
 
 
 #: A language filter matching at most this many vectors is answered by exact search over them
-#: (hnswlib store; Qdrant through its full_scan_threshold): cheaper than a filtered graph walk,
-#: and never short of results. A filtered walk found 58% of the exact top 10 for one language
-#: of 100k vectors in embedded Qdrant (benchmarks/ann_scale.py); exact search: 100%.
+#: (hnswlib store, which raises it in an index of more than 160,000: ``hnsw.scan_limit``; Qdrant
+#: through its full_scan_threshold): cheaper than a filtered graph walk, and never short of
+#: results. A filtered walk found 58% of the exact top 10 for one language of 100k vectors in
+#: embedded Qdrant (benchmarks/ann_scale.py); exact search: 100%.
 EXACT_FILTER_LIMIT = 20_000
 #: rounds :meth:`VectorStore.vectors_found` reads again without finding an id fewer
 _FIND_ROUNDS = 3

@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -67,9 +68,24 @@ DB_NAME = "records.sqlite"
 MANIFEST_NAME = "manifest.json"
 STAMP_NAME = ".verified.json"
 #: language filters a handle keeps (their labels and vectors), least recently used dropped
-#: first: each is a copy of its languages' vectors (up to EXACT_FILTER_LIMIT of them), and
-#: a service's users ask for many language sets
-FILTER_CACHE_BYTES = 256 * 1024 * 1024
+#: first: each is a copy of its languages' vectors (up to :func:`scan_limit` of them), and
+#: a service's users ask for many language sets. A corrected search asks for every language
+#: at once, so the scanned ones must fit together: 408 MB on the Debian million (32 languages)
+FILTER_CACHE_BYTES = 512 * 1024 * 1024
+#: a filtered walk costs more the smaller its language's share of the index, an exact scan
+#: more the more documents it reads. On the Debian million in 32 languages (modes_scale.py):
+#: walks for the six languages of 21,000-35,000 documents (2-3.5%) took 7-15 ms each (its
+#: result file as of 072d2eb), exact scans of them 2.9-5.7 ms (benchmarks/results/
+#: modes_scale_debian.md). A language is scanned while documents x share, i.e. documents^2 /
+#: index size, is at most this: at a million up to 50,000 documents (the cap), at 200,000 up
+#: to 22,360, where the three walked languages (12-19%) cost 3.0-3.4 ms each. Measured with
+#: ``--scan-limits`` (the same file): at a million, 50,000 against 20,000: 67 against 97 ms p50,
+#: 115 against 224 p95, the same recall; at 200,000 scanning every language was slower than
+#: walking the three largest (40 against 29 ms)
+SCAN_SHARE_PRODUCT = 2_500
+#: the most documents a language filter scans exactly however large the index: each scanned
+#: filter is a copy of its vectors in the cache (50,000 x 384 float32: 77 MB)
+SCAN_LIMIT_CAP = 50_000
 #: a commit rebuilds the graph once deleted vectors are this share of it (and at least
 #: COMPACT_MIN of them): hnswlib keeps deleted vectors in the graph, marked
 COMPACT_SHARE = 0.25
@@ -217,6 +233,14 @@ def _crc_column(db: sqlite3.Connection) -> str:
     """The records' checksum column; NULL (nothing to check) in an index made before row
     checksums, which a writer migrates but a reader reads as it is."""
     return "crc" if any(row[1] == "crc" for row in db.execute("PRAGMA table_info(records)")) else "NULL"
+
+
+def scan_limit(total: int) -> int:
+    """The most documents a language filter may match to be searched by an exact scan (more: a
+    filtered graph walk) in an index of ``total`` documents: EXACT_FILTER_LIMIT, raised in a large
+    index to where a scan costs what a walk costs (:data:`SCAN_SHARE_PRODUCT`), at most
+    :data:`SCAN_LIMIT_CAP`. Below 160,000 documents it is EXACT_FILTER_LIMIT."""
+    return max(EXACT_FILTER_LIMIT, min(SCAN_LIMIT_CAP, math.isqrt(SCAN_SHARE_PRODUCT * max(total, 0))))
 
 
 def _filter_bytes(entry: tuple[np.ndarray, np.ndarray | frozenset[int]]) -> int:
@@ -802,7 +826,7 @@ class HnswStore(VectorStore):
                                 walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
         """One lock and one look for a newer commit for every language (a corrected search of
         six languages spent ~0.1 ms a language on them). A language walked (more than
-        EXACT_FILTER_LIMIT documents) walks towards its ``walk_vectors`` entry when given."""
+        :func:`scan_limit` documents) walks towards its ``walk_vectors`` entry when given."""
         with self._mutex:
             row = self._query_row(vector)
             if row is None:
@@ -929,8 +953,8 @@ class HnswStore(VectorStore):
 
     def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
         """Labels of the records in ``langs``, with their vectors (as the columns of a
-        ``(dim, n)`` array, for :func:`column_dots`) when few enough for exact search, else the
-        labels as a set for the graph walk's filter.
+        ``(dim, n)`` array, for :func:`column_dots`) when few enough for exact search
+        (:func:`scan_limit`), else the labels as a set for the graph walk's filter.
 
         Cached per language set until the next write: a filtered query then costs one
         matrix-vector product (or set lookups) instead of a database scan and a copy out of
@@ -941,7 +965,7 @@ class HnswStore(VectorStore):
         labels = np.asarray([r[0] for r in self._sql(
             f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks}) AND label < ?",
             [*langs, self._next_label])], dtype=np.int64)
-        if len(labels) > EXACT_FILTER_LIMIT:
+        if len(labels) > scan_limit(self._index.get_current_count()):
             return labels, frozenset(labels.tolist())
         return labels, np.ascontiguousarray(_items(self._index, labels.tolist()).T)
 

@@ -151,7 +151,11 @@ search (the collection's full_scan_threshold); a larger one walks the graph with
 also steps through neighbours' neighbours outside the filter (Qdrant builds no per-value links
 for a value held by more than ~4/m of the points, and its plain filtered walk then misses much
 of the top k). ``options["acorn"] = False`` keeps Qdrant's plain filtered walk: faster, finds
-less (README, "Speed").
+less (README, "Speed"). The language-bias correction asks for every language of the index at
+once (:meth:`QdrantStore.candidates_per_language`: one request to a server, one engine call per
+language embedded, each candidate with the vector it read), and a language searched by a walk
+(more than ``EXACT_FILTER_LIMIT`` documents, counted once per commit) heads for its walk hint
+(``adapters/bias.py``, ``WALK_SHIFT``), its candidates scored against the query here.
 
 Free space. The engine writes through memory maps: a write the disk cannot take is a SIGBUS,
 not an error (measured on a full tmpfs: commits, and opens that finished a commit, died of it),
@@ -187,14 +191,15 @@ import copy
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from vecplug.adapters.stores.base import Record, StoreHit, VectorStore, ordered_vectors, refuse_unstorable
-from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, _dense, _Edge, _point_id,
-                                                 full_scan_threshold, search_params)
+from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
+                                          ordered_vectors, refuse_unstorable)
+from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, VectorHits, _array, _dense, _Edge,
+                                                 _point_id, full_scan_threshold, search_params)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
 from vecplug.adapters.stores.qdrant_lease import LEASE_SECONDS, WriterLease, lease_held
 from vecplug.errors import (CorruptIndexError, IndexLockedError, IndexNotFoundError,
@@ -215,6 +220,16 @@ _T = TypeVar("_T")
 def _to_payload(rec: Record) -> dict[str, Any]:
     return {"_id": rec.id, "text": rec.text, "source": rec.source, "position": rec.position,
             "lang": rec.lang or UND, "payload": rec.payload}
+
+
+def _wanted(langs: Sequence[str | None] | None) -> list[str] | None:
+    """A language filter as the backends take it: sorted, no repeats, ``und`` for none."""
+    return None if langs is None else sorted({lang or UND for lang in langs})
+
+
+def _candidate(payload: dict[str, Any], score: float, vector: np.ndarray | None) -> Candidate:
+    hit = StoreHit(_to_record(payload), score, vector)
+    return Candidate(hit, hit.record.lang, score, vector)
 
 
 def _to_record(p: dict[str, Any], point: Any = None, where: str = "") -> Record:
@@ -426,6 +441,26 @@ class _Server:
             _vecplug_id(p.payload or {}, p.id, self.where)  # before a caller takes it for ours
         return [(p.payload or {}, float(p.score)) for p in res.points]
 
+    def search_vectors(self, asks: list[tuple[np.ndarray, list[str] | None]], k: int,
+                       ef: int | None = None) -> list[VectorHits]:
+        """For each (vector, languages) of ``asks``, its ``k`` best with their stored vectors:
+        one request (``query_batch_points``), one round trip for every language of a corrected
+        search instead of a search and a retrieve for each."""
+        m = self.m
+        requests = []
+        for vec, langs in asks:
+            flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
+            requests.append(m.QueryRequest(
+                query=vec.tolist(), limit=k, filter=flt or None, with_payload=True, with_vector=True,
+                params=None if self.local else search_params(m, ef, bool(flt), self.acorn)))
+        answers = self._call(self.client.query_batch_points, self.name, requests=requests) if requests else []
+        out = []
+        for res in answers:
+            for p in res.points:
+                _vecplug_id(p.payload or {}, p.id, self.where)  # before a caller takes it for ours
+            out.append([(p.payload or {}, float(p.score), _array(p.vector)) for p in res.points])
+        return out
+
     def retrieve(self, ids: list[str]) -> list[dict[str, Any]]:
         return [p.payload or {} for p in self._call(self.client.retrieve, self.name, ids)]
 
@@ -496,6 +531,7 @@ class QdrantStore(VectorStore):
         self._moves = 0  # times _meta moved to another commit: the commit token
         self.writes_through = isinstance(backend, _Server)  # nothing staged on a server
         self._looked = time.monotonic()  # when a server reader last read the manifest
+        self._walked_at: tuple[int, frozenset[str]] | None = None  # (commit token, languages walked)
 
     @staticmethod
     def _backend(location: str, options: dict[str, Any]) -> _Server | _Edge:
@@ -714,11 +750,63 @@ class QdrantStore(VectorStore):
         b = self._reader()
         if k <= 0 or (langs is not None and len(langs) == 0):
             return []  # an empty language list matches nothing
+        vec = self._vector(vector)
+        return [StoreHit(_to_record(p), s) for p, s in b.search(vec, k, _wanted(langs), ef)]
+
+    def candidates(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+                   ef: int | None = None) -> list[Candidate]:
+        """Each with the vector its search read: one engine call or request, not a search and
+        a retrieve."""
+        b = self._reader()
+        if k <= 0 or (langs is not None and len(langs) == 0):
+            return []
+        (found,) = b.search_vectors([(self._vector(vector), _wanted(langs))], k, ef)
+        return [_candidate(p, score, v) for p, score, v in found]
+
+    def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
+                                ef: int | None = None,
+                                walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
+        """Every language's search at once (a server: one request for all), each candidate
+        with the vector its search read. A language Qdrant walks (more than EXACT_FILTER_LIMIT
+        documents at the commit this store follows: its full_scan_threshold) is searched towards
+        its ``walk_vectors`` entry when given, and its candidates scored against ``vector``
+        here."""
+        b = self._reader()
+        if k <= 0 or not langs:
+            return []
+        vec = self._vector(vector)
+        hints = walk_vectors or {}
+        walked = self._walked() if hints else frozenset()
+        asks = []
+        for lang in langs:
+            hint = hints.get(lang) if (lang or UND) in walked else None
+            asks.append((vec if hint is None else self._vector(hint, "walk vector"), [lang or UND]))
+        unit = vec / max(float(np.linalg.norm(vec)), 1e-30)  # cosine: the store's scores are of unit vectors
+        out: list[Candidate] = []
+        for (asked, _), found in zip(asks, b.search_vectors(asks, k, ef)):
+            if asked is vec:
+                out += [_candidate(p, score, v) for p, score, v in found]
+                continue
+            scored = [(p, float(v @ unit), v) for p, _, v in found]
+            out += [_candidate(p, score, v) for p, score, v in sorted(scored, key=lambda h: -h[1])]
+        return out
+
+    def _vector(self, vector: np.ndarray, what: str = "vector") -> np.ndarray:
+        """``vector`` as a flat float32 array; a ValueError naming ``what`` when its dimension
+        is not the index's."""
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
         if vec.shape[0] != self._dim:
-            raise ValueError(f"expected a vector of dimension {self._dim}, got {vec.shape[0]}")
-        wanted = None if langs is None else sorted({lang or UND for lang in langs})
-        return [StoreHit(_to_record(p), s) for p, s in b.search(vec, k, wanted, ef)]
+            raise ValueError(f"expected a {what} of dimension {self._dim}, got {vec.shape[0]}")
+        return vec
+
+    def _walked(self) -> frozenset[str]:
+        """The languages whose filters Qdrant walks (more than EXACT_FILTER_LIMIT documents), as
+        counted once per commit this store follows."""
+        token = self.commit_token()
+        if self._walked_at is None or self._walked_at[0] != token:
+            self._walked_at = (token, frozenset(lang for lang, n in self.languages().items()
+                                                if n > EXACT_FILTER_LIMIT))
+        return self._walked_at[1]
 
     def get(self, ids: Sequence[str]) -> list[Record]:
         b, found = self._reader(), {}

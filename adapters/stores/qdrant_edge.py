@@ -48,6 +48,8 @@ TURN_LOCK = "turn.lock"  # shared while readers wait for a copy: the writer lets
 COPY_WAIT = 5.0  # seconds a writer waits for readers' copies before it changes the shard anyway
 _FOLLOW_BACKOFF = (0.05, 1.0)  # a reader whose copy of a new commit failed waits, then retries
 Hits = list[tuple[dict[str, Any], float]]
+#: hits with their stored vectors (None where not asked for)
+VectorHits = list[tuple[dict[str, Any], float, "np.ndarray | None"]]
 _FILLS = " (on this file system the engine's mapped files take their full size once loaded)"
 Staged = dict[str, "tuple[dict[str, Any], np.ndarray] | None"]
 
@@ -61,6 +63,11 @@ def _dense(vector: Any) -> list[float]:
     if isinstance(vector, dict):
         vector = vector.get("") if "" in vector else next(iter(vector.values()))
     return list(getattr(vector, "data", vector))
+
+
+def _array(vector: Any) -> np.ndarray:
+    """A point's vector (as :func:`_dense` finds it) as a float32 array."""
+    return np.asarray(_dense(vector), dtype=np.float32)
 
 
 #: the folder vecplug makes in a store option ``snapshot_dir`` for readers' copies
@@ -673,21 +680,33 @@ class _Edge:
 
     @_engine_call
     def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
+        return [(p, score) for p, score, _ in self._query(vec, k, langs, ef, False)]
+
+    @_engine_call
+    def search_vectors(self, asks: list[tuple[np.ndarray, list[str] | None]], k: int,
+                       ef: int | None = None) -> list[VectorHits]:
+        """For each (vector, languages) of ``asks``, its ``k`` best with their stored vectors
+        (read by the search itself: one engine call, not a search and a retrieve)."""
+        return [self._query(vec, k, langs, ef, True) for vec, langs in asks]
+
+    def _query(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None,
+               with_vector: bool) -> VectorHits:
         q = self.q
         shadowed = len(self.under()) if self.staged else 0  # hits that staged writes replace
         flt = langs and q.Filter(must=[q.FieldCondition("lang", match=q.MatchAny(langs))])
         params = search_params(q, ef, bool(flt), self.acorn)
         res = self.shard.query(q.QueryRequest(query=q.Query.Nearest(vec.tolist()),
                                               limit=k + shadowed, filter=flt or None,
-                                              with_payload=True, params=params))
-        hits = [(p.payload or {}, float(p.score)) for p in res if str(p.id) not in self.staged]
+                                              with_payload=True, with_vector=with_vector, params=params))
+        hits = [(p.payload or {}, float(p.score), _array(p.vector) if with_vector else None)
+                for p in res if str(p.id) not in self.staged]
         if self.staged:
             unit = vec / max(float(np.linalg.norm(vec)), 1e-30)
-            hits += [(p, float(v @ unit)) for p, v in
+            hits += [(p, float(v @ unit), np.array(v, dtype=np.float32) if with_vector else None) for p, v in
                      (s for s in self.staged.values() if s is not None)
                      if langs is None or p.get("lang", UND) in langs]
             hits.sort(key=lambda h: -h[1])
-            hits = [(copy.deepcopy(p), score) for p, score in hits[:k]]
+            hits = [(copy.deepcopy(p), score, v) for p, score, v in hits[:k]]
         return hits[:k]
 
     @_engine_call
