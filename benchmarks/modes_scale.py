@@ -383,7 +383,10 @@ def render(r: dict[str, Any]) -> str:
     def limit(res: dict[str, Any]) -> int:  # results of before the scan limit grew: the fixed one
         return int(res.get("scan_limit", r["exact_filter_limit"]))
 
-    lines = [header_markdown("Retrieval modes' first stage on a large index of many languages", r["machine"]), "",
+    title = "Retrieval modes' first stage on a large index of many languages"
+    if r.get("store", "hnswlib") != "hnswlib":
+        title += f" ({STORE_NAMES[r['store']].removeprefix('an ')})"
+    lines = [header_markdown(title, r["machine"]), "",
              f"Vectors {r['vectors']} with the languages of {r['corpus']}; {r['queries']} held-out rows searched "
              f"one at a time in their own document's language, top {r['k']}, after {WARMUP} warm-up queries; "
              f"{STORE_NAMES[r.get('store', 'hnswlib')]} with its defaults, opened read-only. `xy + correction` "

@@ -261,6 +261,29 @@ def test_hnswlib_scans_more_of_a_large_index_exactly() -> None:
     assert scan_limit(50_000_000) == SCAN_LIMIT_CAP
 
 
+def test_hnswlib_decides_scan_or_walk_by_the_index_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store asks :func:`scan_limit` with its graph's size: the same language of one index is
+    scanned (its hits carry their vectors, at hand from the scan) or walked (they do not) as the
+    limit for that size says."""
+    import vecplug.adapters.stores.hnsw as hnsw
+
+    sizes: list[int] = []
+    vecs = unit_vectors(300, DIM, seed=13)
+    store = hnsw.HnswStore.create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        store.upsert(records(len(vecs)), vecs)
+        store.commit()
+        for limit, scanned in ((1_000, True), (10, False)):
+            monkeypatch.setattr(hnsw, "scan_limit", lambda total, limit=limit: sizes.append(total) or limit)
+            store.upsert(records(1, start=500), vecs[:1])  # a write: the cached filters go
+            store.commit()
+            hits = store.search(vecs[0], 5, ["de"])
+            assert len(hits) == 5 and all((h.vector is not None) == scanned for h in hits)
+        assert sizes == [301, 301]
+    finally:
+        store.close()
+
+
 def test_a_plugin_store_without_walk_hints_is_asked_without_them() -> None:
     """A third-party store that overrode ``candidates_per_language`` before the hints existed
     is called as it was written."""
