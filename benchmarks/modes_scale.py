@@ -231,21 +231,29 @@ def scan_limits(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndar
             store.close()
 
 
+class _Hinting:
+    """A store whose ``candidates_per_language`` walks each language towards the query plus
+    ``shift`` x that language's mean, whatever its caller asks: ``Consensus.search`` through it
+    is consensus as it would be with walk hints (the library gives it none)."""
+
+    def __init__(self, store: Any, means: Any, shift: float) -> None:
+        self.store, self.means, self.shift = store, means, shift
+
+    def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
+                                ef: int | None = None) -> list[Any]:
+        from vecplug.adapters.stores.base import candidates_per_language
+
+        hints = {lang: vector + self.shift * self.means.of(lang) for lang in langs}
+        return candidates_per_language(self.store, vector, k, langs, ef, hints)
+
+    def __getattr__(self, name: str) -> Any:  # everything else: the store's own
+        return getattr(self.store, name)
+
+
 def hinted_consensus(store: Any, group: Any, shift: float) -> Any:
-    """``Consensus.search`` (pooled, uncorrected) as it would be with walk hints: each language's
-    walk towards the query plus ``shift`` x that language's mean, as the corrected search's go."""
-    from vecplug.adapters.bias import top_hits
-    from vecplug.adapters.stores.base import candidates_per_language
-
-    every = list(group.means.by_lang)
-
-    def search(q: np.ndarray, ql: str) -> list[Any]:
-        hints = {lang: q + shift * group.means.of(lang) for lang in every}
-        pooled = candidates_per_language(store, q, max(K, group.depth), every, None, hints)
-        lang_of = [c.lang for c in pooled]
-        centred = group.means.centre(np.stack([c.vector for c in pooled]), lang_of)
-        return top_hits(store, pooled, group.scores(np.asarray([c.score for c in pooled]), centred, lang_of), K)
-    return search
+    """``xy`` + consensus (``group.search``) with walk hints: see :class:`_Hinting`."""
+    hinting = _Hinting(store, group.means, shift)
+    return lambda q, ql: group.search(hinting, q, K, None)
 
 
 def latency(search: Any, Q: np.ndarray, qlangs: Sequence[str]) -> tuple[dict[str, float], list[set[str]]]:

@@ -79,6 +79,14 @@ def row_dots(rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
     return np.einsum("ij,j->i", rows, vector)
 
 
+def best_first(vectors: np.ndarray, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, scores): the rows of ``vectors`` scored against ``vector`` (:func:`row_dots`) and
+    their order, best first (stable). What a store does with candidates it found walking towards
+    a hint (:meth:`VectorStore.candidates_per_language`): their scores are the query's."""
+    scores = row_dots(vectors, vector)
+    return np.argsort(-scores, kind="stable"), scores
+
+
 def column_dots(columns: np.ndarray, vector: np.ndarray) -> np.ndarray:
     """``columns.T @ vector`` for vectors kept as the columns of a C-contiguous ``(dim, n)``
     array, in the calling thread like :func:`row_dots`, and about twice its speed on many

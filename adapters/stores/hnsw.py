@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
-                                          column_dots, ordered_vectors, refuse_unstorable, row_dots)
+                                          best_first, column_dots, ordered_vectors, refuse_unstorable)
 from vecplug.adapters.stores.hnsw_format import check_graph_file
 from vecplug.errors import (
     CorruptIndexError,
@@ -851,8 +851,7 @@ class HnswStore(VectorStore):
         if vectors is None:  # a graph walk: the vectors from the graph
             vectors = _items(self._index, [lab for lab, _ in pairs])
             if walk is not None:  # walked towards the hint: scored against the query, best first
-                scores = row_dots(vectors, row[0])
-                order = np.argsort(-scores, kind="stable")
+                order, scores = best_first(vectors, row[0])
                 pairs, vectors = [(pairs[i][0], float(scores[i])) for i in order], vectors[order]
         if langs and len(set(langs)) == 1:
             lang_of = dict.fromkeys((lab for lab, _ in pairs), langs[0])

@@ -197,8 +197,8 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
-                                          ordered_vectors, refuse_unstorable)
-from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, VectorHits, _array, _dense, _Edge,
+                                          best_first, ordered_vectors, refuse_unstorable)
+from vecplug.adapters.stores.qdrant_edge import (UND, _BATCH, Hits, VectorHits, _array, _Edge,
                                                  _point_id, full_scan_threshold, search_params)
 from vecplug.adapters.stores.qdrant_files import FORMAT, REDO
 from vecplug.adapters.stores.qdrant_lease import LEASE_SECONDS, WriterLease, lease_held
@@ -431,12 +431,17 @@ class _Server:
     def delete(self, ids: list[str]) -> None:
         self._call(self.client.delete, self.name, self.m.PointIdsList(points=ids), wait=True)
 
-    def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
+    def _filter_params(self, langs: list[str] | None, ef: int | None) -> tuple[Any, Any]:
+        """A search's language filter (None: all) and search params (None for a local client,
+        which searches exactly and warns about params)."""
         m = self.m
-        flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
-        params = None if self.local else search_params(m, ef, bool(flt), self.acorn)
+        flt = m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))]) if langs else None
+        return flt, None if self.local else search_params(m, ef, flt is not None, self.acorn)
+
+    def search(self, vec: np.ndarray, k: int, langs: list[str] | None, ef: int | None = None) -> Hits:
+        flt, params = self._filter_params(langs, ef)
         res = self._call(self.client.query_points, self.name, query=vec.tolist(), limit=k,
-                         query_filter=flt or None, with_payload=True, search_params=params)
+                         query_filter=flt, with_payload=True, search_params=params)
         for p in res.points:
             _vecplug_id(p.payload or {}, p.id, self.where)  # before a caller takes it for ours
         return [(p.payload or {}, float(p.score)) for p in res.points]
@@ -446,13 +451,11 @@ class _Server:
         """For each (vector, languages) of ``asks``, its ``k`` best with their stored vectors:
         one request (``query_batch_points``), one round trip for every language of a corrected
         search instead of a search and a retrieve for each."""
-        m = self.m
         requests = []
         for vec, langs in asks:
-            flt = langs and m.Filter(must=[m.FieldCondition(key="lang", match=m.MatchAny(any=langs))])
-            requests.append(m.QueryRequest(
-                query=vec.tolist(), limit=k, filter=flt or None, with_payload=True, with_vector=True,
-                params=None if self.local else search_params(m, ef, bool(flt), self.acorn)))
+            flt, params = self._filter_params(langs, ef)
+            requests.append(self.m.QueryRequest(query=vec.tolist(), limit=k, filter=flt, with_payload=True,
+                                                with_vector=True, params=params))
         answers = self._call(self.client.query_batch_points, self.name, requests=requests) if requests else []
         out = []
         for res in answers:
@@ -787,8 +790,9 @@ class QdrantStore(VectorStore):
             if asked is vec:
                 out += [_candidate(p, score, v) for p, score, v in found]
                 continue
-            scored = [(p, float(v @ unit), v) for p, _, v in found]
-            out += [_candidate(p, score, v) for p, score, v in sorted(scored, key=lambda h: -h[1])]
+            if found:
+                order, scores = best_first(np.stack([v for _, _, v in found]), unit)
+                out += [_candidate(found[i][0], float(scores[i]), found[i][2]) for i in order]
         return out
 
     def _vector(self, vector: np.ndarray, what: str = "vector") -> np.ndarray:
@@ -801,8 +805,8 @@ class QdrantStore(VectorStore):
 
     def _walked(self) -> frozenset[str]:
         """The languages whose filters Qdrant walks (more than EXACT_FILTER_LIMIT documents), as
-        counted once per commit this store follows."""
-        token = self.commit_token()
+        counted once per commit this store follows. After a :meth:`_reader` call: its commit."""
+        token = self._moves  # commit_token() without a second look for a newer commit
         if self._walked_at is None or self._walked_at[0] != token:
             self._walked_at = (token, frozenset(lang for lang, n in self.languages().items()
                                                 if n > EXACT_FILTER_LIMIT))
@@ -821,7 +825,7 @@ class QdrantStore(VectorStore):
 
     def vectors_found(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         found = self._retrieve_vectors(ids)
-        return {i: np.asarray(_dense(found[i]), dtype=np.float32) for i in dict.fromkeys(ids) if i in found}
+        return {i: _array(found[i]) for i in dict.fromkeys(ids) if i in found}
 
     def _retrieve_vectors(self, ids: Sequence[str]) -> dict[str, Any]:
         """The stored vectors of those of ``ids`` that exist, by id, as the backend gives them."""
