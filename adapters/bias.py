@@ -19,6 +19,11 @@ language the store finds by a filtered graph walk is walked from inside its own 
 (:data:`WALK_SHIFT`): the centred query lies outside every language's region, and a walk
 from there for a language of a few percent of a large index visited many of the other
 languages' nodes first.
+
+A store built with a graph of language-centred vectors (the hnswlib store's ``centred``
+option: ``stores/centring.py``) answers a search of every language in one walk instead
+(:meth:`~vecplug.adapters.stores.base.VectorStore.centred_candidates`), for
+:data:`CENTRED_OVERFETCH` times the results asked, rescored exactly the same way.
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vecplug.adapters.stores.base import Candidate, StoreHit, candidates_per_language, hit_vectors, row_dots
+from vecplug.adapters.stores.base import (Candidate, StoreHit, candidates_per_language, centred_candidates, hit_vectors,
+                                          row_dots)
 
 if TYPE_CHECKING:
     from vecplug.adapters.consensus import Consensus
@@ -51,6 +57,10 @@ OVERFETCH = 2
 #: in 32 languages, 1 keeps the unshifted walks' recall of the exact centred top 10 at a fraction
 #: of their cost (benchmarks/results/modes_scale_debian.md)
 WALK_SHIFT = 1.0
+#: a store whose graph is centred (``stores/centring.py``) is walked once for this many times the
+#: results asked, rescored exactly: the graph's anchors are not the means of the moment, and its
+#: order is the centred cosine's without the query's re-normalisation
+CENTRED_OVERFETCH = 4
 
 
 @dataclass
@@ -191,8 +201,13 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
     query = means.centre_query(vector, query_lang)
     fetch = k * OVERFETCH if consensus is None else max(k * OVERFETCH, consensus.depth)
     # candidates: only the k kept have their records read (consensus regroups before that)
-    pooled: list[Candidate] = candidates_per_language(store, query, fetch, langs, ef,
-                                                      walk_vectors(means, query, langs))
+    pooled: list[Candidate] | None = None
+    if consensus is None and not set(means.by_lang) - set(langs):
+        # every language of the index: a centred graph finds them in one walk (consensus needs
+        # each language's own best, and a chosen set of languages is searched language by language)
+        pooled = centred_candidates(store, query, k * CENTRED_OVERFETCH, ef)
+    if pooled is None:
+        pooled = candidates_per_language(store, query, fetch, langs, ef, walk_vectors(means, query, langs))
     if not pooled:
         return []
     lang_of = [c.lang for c in pooled]

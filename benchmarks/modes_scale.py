@@ -77,6 +77,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--queries", type=int, default=300, help="held-out rows searched (their own language)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store", choices=STORES, default="hnswlib", help="the store built and searched")
+    p.add_argument("--centred", action="store_true",
+                   help="hnswlib: its graph of language-centred vectors (index.hnsw_centred: adapters/stores/centring.py)")
     p.add_argument("--work", type=Path, help="where the indexes are built (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the indexes (reused by a later run with --work)")
     p.add_argument("--languages-shown", type=int, default=8, help="rows of the per-language table")
@@ -86,10 +88,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="hnswlib: also time the corrected xy with each exact-scan limit N, interleaved query by query")
     p.add_argument("--consensus-shifts", type=float, nargs="*", default=[], metavar="S",
                    help="also time xy + consensus with walk hints towards the query + S x each language's mean")
+    p.add_argument("--corrected-efs", type=int, nargs="*", default=[], metavar="EF",
+                   help="also time the corrected xy with each search breadth EF (a centred graph's one walk, "
+                        "or each language's filtered walk)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.scan_limits and args.store != "hnswlib":
         p.error("--scan-limits is the hnswlib store's (Qdrant's limit is its full_scan_threshold)")
+    if args.centred and args.store != "hnswlib":
+        p.error("--centred is the hnswlib store's")
     return args
 
 
@@ -114,15 +121,17 @@ def split(total: int, n: int, queries: int, seed: int) -> tuple[np.ndarray, np.n
     return np.sort(order[queries:queries + n]), np.sort(order[:queries])
 
 
-def build(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, kind: str = "hnswlib") -> float:
-    """A store of ``rows`` with the language sums indexing keeps, committed once; seconds taken."""
+def build(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, kind: str = "hnswlib",
+          options: dict[str, Any] | None = None) -> float:
+    """A store of ``rows`` (in their order, labelled so) with the language sums indexing keeps,
+    committed once; seconds taken."""
     from vecplug.adapters.bias import LanguageStats
     from vecplug.adapters.stores.base import Record
     from vecplug.adapters.stores.registry import get_store_class
 
     t0 = time.perf_counter()
     dim = V.shape[1]
-    store = get_store_class(kind).create(str(folder), dim, {"dim": dim}, {})
+    store = get_store_class(kind).create(str(folder), dim, {"dim": dim}, options or {})
     stats = LanguageStats(dim)
     try:
         for a in range(0, len(rows), BATCH):
@@ -151,6 +160,22 @@ def exact_centred(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means: 
         C = means.centre(unit(np.asarray(V[part], dtype=np.float32)), [langs[i] for i in part])
         best_s, best_i = _merge_top(best_s, best_i, qc @ C.T, part)
     return [{f"d{i}" for i in row} for row in best_i]
+
+
+def exact_plain(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, Q: np.ndarray,
+                qlangs: Sequence[str]) -> tuple[list[set[str]], list[set[str]]]:
+    """Each query's exact top ``K`` by plain cosine over every document, and over its own
+    language's (``xy`` and ``mono`` without the correction; brute force)."""
+    lang_rows = np.asarray([langs[i] for i in rows])
+    own = np.asarray(qlangs)
+    best = [(np.full((len(Q), K), -np.inf, dtype=np.float32), np.zeros((len(Q), K), dtype=np.int64)) for _ in range(2)]
+    for a in range(0, len(rows), 50_000):
+        part = rows[a:a + 50_000]
+        S = Q @ unit(np.asarray(V[part], dtype=np.float32)).T
+        best[0] = _merge_top(*best[0], S, part)
+        best[1] = _merge_top(*best[1], np.where(own[:, None] == lang_rows[None, a:a + 50_000], S, -np.inf), part)
+    return tuple([{f"d{i}" for i, s in zip(r, sc) if np.isfinite(s)} for r, sc in zip(b[1], b[0])]
+                 for b in best)  # type: ignore[return-value]
 
 
 def exact_consensus(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means: Any, Q: np.ndarray,
@@ -183,11 +208,11 @@ def exact_consensus(V: np.ndarray, langs: Sequence[str], rows: np.ndarray, means
 
 
 def timed(store: Any, Q: np.ndarray, qlangs: Sequence[str], mode: str, means: Any,
-          consensus: Any = None) -> tuple[dict[str, float], list[set[str]]]:
+          consensus: Any = None, ef: int | None = None) -> tuple[dict[str, float], list[set[str]]]:
     """Latency of ``modes.first_stage`` one query at a time (after a warm-up), and what each found."""
     from vecplug.adapters import modes
 
-    return latency(lambda q, ql: modes.first_stage(store, q, ql, mode, K, None, means, None, consensus), Q, qlangs)
+    return latency(lambda q, ql: modes.first_stage(store, q, ql, mode, K, None, means, ef, consensus), Q, qlangs)
 
 
 def scan_limits(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, qrows: np.ndarray,
@@ -276,7 +301,8 @@ def recall(found: Sequence[set[str]], truth: Sequence[set[str]]) -> float:
 
 def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray, qrows: np.ndarray,
             shifts: Sequence[float] = (), kind: str = "hnswlib",
-            consensus_shifts: Sequence[float] = ()) -> dict[str, Any]:
+            consensus_shifts: Sequence[float] = (), languages_timed: bool = True,
+            corrected_efs: Sequence[int] = ()) -> dict[str, Any]:
     """Open the store read-only (as a search does) and time each mode's first stage."""
     from vecplug.adapters import bias
     from vecplug.adapters.consensus import Consensus
@@ -298,6 +324,8 @@ def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray,
         out["modes"].append({"mode": "xy + consensus", **row})
         truth = exact_centred(V, langs, rows, means, Q, qlangs)
         out["corrected_recall"] = recall(found["xy + correction"], truth)
+        plain, own = exact_plain(V, langs, rows, Q, qlangs)
+        out["plain_recall"], out["mono_recall"] = recall(found["xy"], plain), recall(found["mono"], own)
         consensus_truth = exact_consensus(V, langs, rows, means, Q, *CONSENSUS)
         out["consensus_recall"] = recall(found["xy + consensus"], consensus_truth)
         out["consensus_shifts"] = []
@@ -305,7 +333,13 @@ def measure(folder: Path, V: np.ndarray, langs: Sequence[str], rows: np.ndarray,
             row, got = latency(hinted_consensus(store, group, shift), Q, qlangs)
             out["consensus_shifts"].append({"shift": shift, **row, "recall": recall(got, consensus_truth)})
             print(f"  xy + consensus, walk hints {shift:g}: p50 {row['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
-        out["per_language"] = per_language(store, means, Q, qlangs)
+        out["corrected_efs"] = []
+        for ef in corrected_efs:
+            row, got = timed(store, Q, qlangs, "xy", means, ef=ef)
+            out["corrected_efs"].append({"ef": ef, **row, "recall": recall(got, truth)})
+            print(f"  xy + correction, ef {ef}: p50 {row['p50_ms']:.2f} ms", file=sys.stderr, flush=True)
+        if languages_timed:  # what a corrected search asks of each language (not of a centred graph)
+            out["per_language"] = per_language(store, means, Q, qlangs)
         out["shifts"] = []
         kept = bias.WALK_SHIFT
         try:
@@ -350,15 +384,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for n in args.sizes:
             rows, qrows = split(len(V), n, args.queries, args.seed)
             # hnswlib's folders keep their names of before --store: kept ones are found again
-            folder = work / (f"modes-{n}-{args.seed}" if args.store == "hnswlib" else f"modes-{args.store}-{n}-{args.seed}")
+            kind = f"{args.store}-centred" if args.centred else args.store
+            folder = work / (f"modes-{n}-{args.seed}" if kind == "hnswlib" else f"modes-{kind}-{n}-{args.seed}")
             build_s = None
             if not (folder / "manifest.json").is_file():
                 shutil.rmtree(folder, ignore_errors=True)
                 print(f"building {n:,} ...", file=sys.stderr, flush=True)
-                build_s = build(folder, V, langs, rows, args.store)
+                build_s = build(folder, V, langs, rows, args.store, {"centred": True} if args.centred else None)
             print(f"searching {n:,} ...", file=sys.stderr, flush=True)
             results.append({"n": n, "build_s": build_s, "scan_limit": scan_limit(args.store, n), **measure(
-                folder, V, langs, rows, qrows, args.walk_shifts, args.store, args.consensus_shifts)})
+                folder, V, langs, rows, qrows, args.walk_shifts, args.store, args.consensus_shifts, not args.centred,
+                args.corrected_efs)})
             if args.scan_limits:
                 print(f"  scan limits {args.scan_limits} ...", file=sys.stderr, flush=True)
                 results[-1]["scan_limits"] = scan_limits(folder, V, langs, rows, qrows, args.scan_limits)
@@ -367,9 +403,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if made and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    from vecplug.adapters.bias import CENTRED_OVERFETCH
     from vecplug.adapters.stores.base import EXACT_FILTER_LIMIT
 
-    return {"benchmark": "modes_scale", "store": args.store, "machine": info, "vectors": str(args.vectors), "corpus": str(args.corpus),
+    return {"benchmark": "modes_scale", "store": args.store, "centred": args.centred,
+            "centred_overfetch": CENTRED_OVERFETCH, "machine": info, "vectors": str(args.vectors), "corpus": str(args.corpus),
             "queries": args.queries, "seed": args.seed, "k": K, "exact_filter_limit": EXACT_FILTER_LIMIT,
             "languages_shown": args.languages_shown,
             "threads": os.environ.get("OMP_NUM_THREADS"), "results": results}
@@ -394,15 +432,22 @@ def render(r: dict[str, Any]) -> str:
     title = "Retrieval modes' first stage on a large index of many languages"
     if r.get("store", "hnswlib") != "hnswlib":
         title += f" ({STORE_NAMES[r['store']].removeprefix('an ')})"
+    if r.get("centred"):
+        title += " (hnswlib, its graph of language-centred vectors)"
+    how = ("one walk of the graph of language-centred vectors (`adapters/stores/centring.py`) for "
+           f"{r.get('centred_overfetch', 4)} x 10 candidates, rescored exactly; `xy` and `mono` then go language by "
+           "language (an exact scan for a language of at most the scan limit's documents, else a filtered walk "
+           "rescored)" if r.get("centred") else
+           "searches each language of the index on its own (an exact scan for a language of at most the scan limit's "
+           "documents, else a filtered graph walk) and rescores centred vectors")
     lines = [header_markdown(title, r["machine"]), "",
              f"Vectors {r['vectors']} with the languages of {r['corpus']}; {r['queries']} held-out rows searched "
              f"one at a time in their own document's language, top {r['k']}, after {WARMUP} warm-up queries; "
-             f"{STORE_NAMES[r.get('store', 'hnswlib')]} with its defaults, opened read-only. `xy + correction` "
-             "searches each language of the index on its own (an exact scan for a language of at most the scan limit's "
-             "documents, else a filtered graph walk) and rescores centred vectors; its recall is against an exact "
-             "centred ranking of every document. `xy + consensus` (without the correction) regroups each "
-             f"language's best {CONSENSUS[1]}; its recall is against consensus over each language's exact best "
-             f"{CONSENSUS[1]}.", ""]
+             f"{STORE_NAMES[r.get('store', 'hnswlib')]} with its defaults, opened read-only. `xy + correction`: "
+             f"{how}; its recall is against an exact centred ranking of every document. `xy` and `mono` recall: "
+             "against exact plain cosine over every document / the query's language's. `xy + consensus` (without "
+             f"the correction) regroups each language's best {CONSENSUS[1]}; its recall is against consensus over "
+             f"each language's exact best {CONSENSUS[1]}.", ""]
     rows = []
     for res in r["results"]:
         by = Counter(res["languages"])
@@ -412,10 +457,12 @@ def render(r: dict[str, Any]) -> str:
         row += [f"{m['p50_ms']:.2f} / {m['p95_ms']:.2f}" for m in res["modes"]]
         row.append(f"{res['corrected_recall']:.4f}")
         row.append(f"{res['consensus_recall']:.4f}" if "consensus_recall" in res else "")
+        row.append(" / ".join(f"{res[key]:.4f}" for key in ("plain_recall", "mono_recall")) if "mono_recall" in res else "")
         rows.append(row)
     head = ["documents", "scan limit", "languages (> limit)", "largest"] + [f"{m['mode']} p50 / p95 ms"
                                                              for m in r["results"][0]["modes"]]
-    lines.append(markdown_table(head + ["xy + correction recall@10", "xy + consensus recall@10"], rows))
+    lines.append(markdown_table(head + ["xy + correction recall@10", "xy + consensus recall@10", "xy / mono recall@10"],
+                                rows))
     lines += ["", f"(Per-language walks moved by `WALK_SHIFT` = {r['results'][0].get('walk_shift', 0):g} "
               "times their language's mean: `adapters/bias.py`.)"]
     shifted = [(res["n"], s) for res in r["results"] for s in res.get("shifts", [])]
@@ -434,6 +481,13 @@ def render(r: dict[str, Any]) -> str:
                                     [[f"{n:,}", f"{s['limit']:,}", str(s["walked"]),
                                       f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}", f"{s['mean_ms']:.2f}",
                                       f"{s['recall']:.4f}", f"{s['cache_mb']:.0f}"] for n, s in limited]))
+    breadths = [(res["n"], s) for res in r["results"] for s in res.get("corrected_efs", [])]
+    if breadths:
+        lines += ["", "The corrected `xy` with other search breadths (ef, given to each search; without one, the "
+                  "store's: 128, and twice that for a centred graph's one walk):", ""]
+        lines.append(markdown_table(["documents", "ef", "p50 / p95 ms", "mean ms", "recall@10"],
+                                    [[f"{n:,}", str(s["ef"]), f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}",
+                                      f"{s['mean_ms']:.2f}", f"{s['recall']:.4f}"] for n, s in breadths]))
     hinted = [(res["n"], s) for res in r["results"] for s in res.get("consensus_shifts", [])]
     if hinted:
         lines += ["", "`xy` + consensus with walk hints (towards the query plus the shift x each language's mean; "

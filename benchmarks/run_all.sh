@@ -13,8 +13,9 @@
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
 #              how near-tied their exact top 10 is, and how an exact scan of k-means lists
 #              would fare: ann_crowding_debian.md, and each retrieval mode's first stage with the
-#              documents' 32 languages at 200k and 1M: modes_scale_debian.md, and in embedded
-#              Qdrant: modes_scale_debian_qdrant.md)
+#              documents' 32 languages at 200k and 1M: modes_scale_debian.md, in embedded
+#              Qdrant: modes_scale_debian_qdrant.md, and in hnswlib with a graph of language-centred
+#              vectors: modes_scale_debian_centred.md)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
 #         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
@@ -102,7 +103,11 @@ else
                             --consensus-shifts 0.5 1 --scan-limits 20000 50000 --work "$WORK/modes"
                         run_as modes_scale_debian_qdrant modes_scale --vectors "$WORK/debian-1m-me5-small.npy" \
                             --corpus "$WORK/debian-1m.jsonl" --sizes 200000 1000000 --store qdrant \
-                            --walk-shifts 0 1 --work "$WORK/modes" ;;
+                            --walk-shifts 0 1 --work "$WORK/modes"
+                        # hnswlib with its graph of language-centred vectors (index.hnsw_centred)
+                        run_as modes_scale_debian_centred modes_scale --vectors "$WORK/debian-1m-me5-small.npy" \
+                            --corpus "$WORK/debian-1m.jsonl" --sizes 200000 1000000 --centred \
+                            --corrected-efs 64 128 512 --work "$WORK/modes" ;;
             # with the cross-encoder of benchmarks/train_example.sh when it has been trained
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
@@ -122,7 +127,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
-    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian modes_scale_debian modes_scale_debian_qdrant}; do
+    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred}; do
         if [[ -f "$out/$name.md" ]]; then
             echo
             cat "$out/$name.md"

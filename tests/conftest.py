@@ -194,13 +194,14 @@ def server_options() -> dict[str, Any]:
     return {"client": qdrant_client.QdrantClient(location=":memory:"), "collection": "battery"}
 
 
-@pytest.fixture(params=["hnswlib", "qdrant-embedded", "qdrant-server"])
+@pytest.fixture(params=["hnswlib", "hnswlib-centred", "qdrant-embedded", "qdrant-server"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type, str, dict[str, Any]]:
-    """Each store as (class, location, options): the battery every store passes."""
+    """Each store as (class, location, options): the battery every store passes (hnswlib also
+    with its graph of language-centred vectors, whose answers must be the same)."""
     from vecplug.adapters.stores import get_store_class
 
-    if request.param == "hnswlib":
-        return get_store_class("hnswlib"), str(tmp_path / "idx"), {}
+    if request.param.startswith("hnswlib"):
+        return get_store_class("hnswlib"), str(tmp_path / "idx"), {"centred": True} if request.param.endswith("centred") else {}
     pytest.importorskip("qdrant_edge" if request.param == "qdrant-embedded" else "qdrant_client")
     if request.param == "qdrant-embedded":
         return get_store_class("qdrant"), str(tmp_path / "idx"), {}

@@ -65,6 +65,7 @@ def test_times_every_mode_and_scores_the_correction(bench: ModuleType, tmp_path:
         assert 0.9 <= res["corrected_recall"] <= 1.0
         # each language's best 40 found exactly (every language scanned): the reference's own lists
         assert res["consensus_recall"] == 1.0
+        assert res["mono_recall"] == 1.0 and 0.9 <= res["plain_recall"] <= 1.0  # scanned / one walk
         assert res["build_s"] > 0
         assert set(res["per_language"]) == {"en", "de", "ja"} and all(ms > 0 for ms in res["per_language"].values())
         assert list(res["per_language"].values()) == sorted(res["per_language"].values(), reverse=True)
@@ -173,3 +174,43 @@ def test_scan_limits_take_turns_and_count_the_copies(bench: ModuleType, tmp_path
     assert "other exact-scan limits" in bench.render(json.loads(out.read_text()))
     with pytest.raises(SystemExit):
         bench.parse_args(["--vectors", "v", "--corpus", "c", "--store", "qdrant", "--scan-limits", "10"])
+
+
+def test_exact_plain_is_the_brute_force_ranking_overall_and_in_the_querys_language(bench: ModuleType,
+                                                                                    tmp_path: Path) -> None:
+    V, langs, _ = _fitted(bench, tmp_path, 90)
+    rows, qrows = bench.split(len(V), 80, 5, 0)
+    qlangs = [langs[i] for i in qrows]
+    pooled, own = bench.exact_plain(V, langs, rows, V[qrows], qlangs)
+    for q, ql, every, mine in zip(qrows, qlangs, pooled, own):
+        assert every == {f"d{i}" for i in sorted(rows, key=lambda i: -float(V[i] @ V[q]))[:bench.K]}
+        assert mine == {f"d{i}" for i in sorted((i for i in rows if langs[i] == ql),
+                                                key=lambda i: -float(V[i] @ V[q]))[:bench.K]}
+        assert mine != every  # the language filter shows
+
+
+def test_a_centred_graph_is_built_and_its_modes_scored(bench: ModuleType, tmp_path: Path) -> None:
+    from vecplug.adapters.stores.hnsw import HnswStore
+
+    vectors, corpus = _data(tmp_path / "data", n=500)
+    work, out = tmp_path / "work", tmp_path / "out.json"
+    assert bench.main(["--vectors", str(vectors), "--corpus", str(corpus), "--sizes", "400", "--queries", "30",
+                       "--centred", "--corrected-efs", "10", "200", "--work", str(work), "--keep", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["centred"] and [p.name for p in work.iterdir()] == ["modes-hnswlib-centred-400-0"]
+    store = HnswStore.open(str(work / "modes-hnswlib-centred-400-0"), {})
+    try:
+        assert store.centred and store.count() == 400
+    finally:
+        store.close()
+    (res,) = r["results"]
+    # small languages: xy and mono scan each exactly; the corrected search is one walk, rescored
+    assert res["plain_recall"] == res["mono_recall"] == 1.0 and 0.9 <= res["corrected_recall"] <= 1.0
+    assert "per_language" not in res  # the corrected search asks no language on its own
+    # the walk's breadth passed on: a wider one finds at least as much (40 candidates: ef 40 at least)
+    assert [s["ef"] for s in res["corrected_efs"]] == [10, 200]
+    assert res["corrected_efs"][0]["recall"] <= res["corrected_efs"][1]["recall"]
+    assert "other search breadths" in bench.render(r)
+    assert "language-centred vectors" in bench.render(r)
+    with pytest.raises(SystemExit):
+        bench.main(["--vectors", str(vectors), "--corpus", str(corpus), "--store", "qdrant", "--centred"])

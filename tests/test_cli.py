@@ -437,6 +437,17 @@ def test_settings_of_a_new_index_are_not_ignored_silently(corpus: Path, tiny_mod
     fresh = CliRunner().invoke(cli, ["index", str(corpus), "--index", "other", "--model", str(tiny_model),
                                      "--no-debias", "-q"], catch_exceptions=False)
     assert fresh.exit_code == 0 and "note:" not in fresh.output
+    # a graph of centred vectors is made at creation only, and said so otherwise
+    result = CliRunner().invoke(cli, ["index", str(corpus), "--centred-graph", "-q"], catch_exceptions=False)
+    assert "note: --centred-graph shapes a new hnswlib index's graph" in result.output
+    centred = CliRunner().invoke(cli, ["index", str(corpus), "--index", "third", "--model", str(tiny_model),
+                                       "--centred-graph", "-q"], catch_exceptions=False)
+    assert centred.exit_code == 0 and "note:" not in centred.output
+    assert "centred True" in run("info", "--index", "third")
+    import vecplug
+
+    with vecplug.open_index("third") as index:
+        assert index.store.centred and len(index.search("water", k=3).hits) == 3
 
 
 def test_verify_names_records_without_vectors(corpus: Path, tiny_model: Path) -> None:

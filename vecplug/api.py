@@ -74,7 +74,8 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     if name == "hnswlib":
         # only the parameters set: the store takes the others from the index's manifest (what
         # it was built and tuned with), else its defaults; passing defaults would override those
-        given = {"M": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction, "ef_search": ix.hnsw_ef_search}
+        given = {"M": ix.hnsw_m, "ef_construction": ix.hnsw_ef_construction, "ef_search": ix.hnsw_ef_search,
+                 "centred": ix.hnsw_centred}
         # "~/idx" from YAML or the environment (no shell expands it) made a folder named "~"
         return cls, os.path.expanduser(ix.path), {key: value for key, value in given.items() if value is not None}
     options: dict[str, Any] = {"collection": ix.collection}

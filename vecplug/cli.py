@@ -97,6 +97,10 @@ def cli() -> None:
 @click.option("--chunk-tokens", type=int, help="Passage size for .txt/.md files, in tokens [default: the index's; 200 for a new one].")
 @click.option("--debias/--no-debias", default=None,
               help="A new index searches with the language-bias correction on by default.")
+@click.option("--centred-graph", "centred", is_flag=True, default=None,
+              help="A new hnswlib index's graph holds vectors centred by language: the language-bias "
+                   "correction is one walk (fast on a large index of many languages); a search without "
+                   "it goes language by language.")
 @click.option("--int8-documents", "int8_documents", is_flag=True, default=None,
               help="Encode documents with int8 weights (the documents' recipe, torch or onnx; recorded in the index).")
 @click.option("--compile", "compile_", is_flag=True, default=None,
@@ -104,13 +108,13 @@ def cli() -> None:
                    "faster on a large corpus after ~40 s on the first batch.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_errors
-def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: bool | None,
+def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: bool | None, centred: bool | None,
               int8_documents: bool | None, compile_: bool | None, quiet: bool, **common: Any) -> None:
     """Index the documents under PATH (.txt, .md, .jsonl, .csv)."""
     from vecplug.api import Index
 
     settings = _settings(**common, sections={"corpus": {"lang": lang, "chunk_tokens": chunk_tokens},
-                                             "index": {"debias": debias},
+                                             "index": {"debias": debias, "hnsw_centred": centred},
                                              "model": {"document_quantize": "int8" if int8_documents else None,
                                                        "compile": compile_}})
     with Index.open(settings, create=True) as index:
@@ -125,6 +129,9 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
             click.echo(f"note: --{'' if debias else 'no-'}debias sets a new index's default; this one searches "
                        f"with the correction {'on' if built.get('debias') else 'off'} (give --"
                        f"{'' if debias else 'no-'}debias to search)", err=True)
+        if centred and not getattr(index.store, "centred", False):
+            click.echo("note: --centred-graph shapes a new hnswlib index's graph; this one's holds the vectors "
+                       "as encoded (index into a new folder to have it centred)", err=True)
         if common.get("query_encoder") and index.encoder.describe()["query_encoder"] != built.get("query_encoder"):
             click.echo(f"note: --query-encoder sets a new index's query encoder; this one searches with "
                        f"{built.get('query_encoder')} (give --query-encoder to search)", err=True)

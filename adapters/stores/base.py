@@ -127,6 +127,14 @@ def candidates_per_language(store: "VectorStore", vector: np.ndarray, k: int, la
     return store.candidates_per_language(vector, k, langs, ef=ef)
 
 
+def centred_candidates(store: "VectorStore", vector: np.ndarray, k: int,
+                       ef: int | None = None) -> list[Candidate] | None:
+    """``store.centred_candidates``; None from a store without the method (a plugin's that does
+    not subclass :class:`VectorStore`), as from one whose graph is not centred."""
+    method = getattr(store, "centred_candidates", None)
+    return None if method is None else method(vector, k, ef=ef)
+
+
 @functools.lru_cache(maxsize=None)
 def _takes(cls: type, method: str, argument: str) -> bool:
     """Whether ``cls.method`` accepts the keyword ``argument`` (by name or ``**kwargs``)."""
@@ -282,6 +290,15 @@ class VectorStore(ABC):
         for lang in langs:
             out += self.candidates(vector, k, [lang], ef=ef)
         return out
+
+    def centred_candidates(self, vector: np.ndarray, k: int, *, ef: int | None = None) -> list[Candidate] | None:
+        """For a store whose graph holds each document centred by its language's mean (the
+        hnswlib store's option ``centred``: ``stores/centring.py``): the ``k`` nearest to
+        ``vector``, a query centred the same way, in one walk over every language, with their
+        vectors as given to :meth:`upsert` and the graph's scores (the caller rescores). None
+        (this default) from a store that has no such graph: the language-bias correction then
+        asks :meth:`candidates_per_language`."""
+        return None
 
     def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
         """Candidates of :meth:`candidates` as hits, in the order and with the scores given; a

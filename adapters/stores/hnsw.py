@@ -15,7 +15,9 @@ inode as the writer left it (``hnsw_stat``). A crash
 before the SQLite commit leaves the previous generation intact (the orphan graph file is
 removed by the next writer); hnswlib's own ``save_index`` overwrites in place, so it never
 writes to a committed file. hnswlib files record neither dimension nor space: both are in
-the manifest, and the file size is checked on open.
+the manifest, and the file size is checked on open. A graph of language-centred vectors
+(option ``centred``, ``centring.py``) has its anchors in the commit record too, so the graph
+and the anchors it was centred by are always of one commit.
 
 SQLite runs in WAL mode: readers in other processes keep answering from the last commit
 while a writer works, and pick up a new generation at their next search.
@@ -49,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from vecplug.adapters.stores import centring
 from vecplug.adapters.stores.base import (EXACT_FILTER_LIMIT, Candidate, Record, StoreHit, VectorStore,
                                           best_first, column_dots, ordered_vectors, refuse_unstorable)
 from vecplug.adapters.stores.hnsw_format import check_graph_file
@@ -86,6 +89,16 @@ SCAN_SHARE_PRODUCT = 2_500
 #: the most documents a language filter scans exactly however large the index: each scanned
 #: filter is a copy of its vectors in the cache (50,000 x 384 float32: 77 MB)
 SCAN_LIMIT_CAP = 50_000
+#: a centred graph (option ``centred``: ``centring.py``) answers a plain-cosine search language by
+#: language; a language it walks yields this many times the candidates asked, rescored with the
+#: vectors as encoded: the graph's order within a language is the centred one, which differs,
+#: and the graph does not keep a language's documents together (at a million, ``mono`` with 8
+#: found 0.973 of the exact top 10: benchmarks/results/modes_scale_debian_centred.md)
+CENTRED_WALK_OVERFETCH = 8
+#: the corrected search's one walk of a centred graph is this many times as broad as the index's
+#: ``ef_search`` (unless a search gives its own ``ef``): it replaces a search per language, and at
+#: a million 256 found 0.982 of the exact centred top 10 in 2.6 ms, 128 0.968 in 2.2 (the same file)
+CENTRED_EF_FACTOR = 2
 #: a commit rebuilds the graph once deleted vectors are this share of it (and at least
 #: COMPACT_MIN of them): hnswlib keeps deleted vectors in the graph, marked
 COMPACT_SHARE = 0.25
@@ -286,6 +299,16 @@ class HnswStore(VectorStore):
         # per language set: labels, and their vectors as columns or (too many) a set of labels;
         # least recently used first, within FILTER_CACHE_BYTES (users' language sets are many)
         self._filter_cache: OrderedDict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = OrderedDict()
+        # a centred graph (centring.py) is a property of the graph as built: never an option at open
+        self._centred = bool(commit_meta["manifest"].get("store", {}).get("centred", False))
+        self._anchors: centring.Anchors | None = None
+        self._anchors_of: dict[str, Any] | None = None  # the commit record they were read from
+        self._all_langs: list[str] | None = None  # a centred graph's languages, until the next write
+
+    @property
+    def centred(self) -> bool:
+        """Whether the graph holds language-centred vectors (``centring.py``): built so, for good."""
+        return self._centred
 
     @property
     def parameters(self) -> dict[str, int]:
@@ -600,7 +623,7 @@ class HnswStore(VectorStore):
                 if self._writable:
                     self._write_stamp()  # after close: SQLite has folded its WAL into the file
             self._index = None
-            self._filter_cache.clear()  # copies of vectors: released with the graph
+            self._forget_filters()  # copies of vectors: released with the graph
             if self._lock:
                 self._lock.release()
                 self._lock = None
@@ -692,7 +715,7 @@ class HnswStore(VectorStore):
         self._db, self._crc = db, _crc_column(db)
         self._meta, self._index, self._frozen = meta, index, frozen
         self._next_label = int(meta["next_label"])
-        self._filter_cache.clear()
+        self._forget_filters()
         self._data_version = None
 
     def _commit_moved(self) -> bool:
@@ -715,7 +738,7 @@ class HnswStore(VectorStore):
             raise _sqlite_error(exc, self.folder / DB_NAME) from exc
         self._meta, self._index = meta, index
         self._next_label = int(meta["next_label"])
-        self._filter_cache.clear()
+        self._forget_filters()
 
     def _follow(self) -> None:
         """Before reading the graph, under the mutex: a reader moves to the last commit
@@ -767,7 +790,8 @@ class HnswStore(VectorStore):
             found = [rid for rid in dict.fromkeys(ids) if rid in by_id]
             if not found:
                 return {}
-            return dict(zip(found, _items(self._index, [by_id[rid] for rid in found])))
+            labels = [by_id[rid] for rid in found]
+            return dict(zip(found, self._vectors_of(labels, self._langs_of(labels) if self._centred else ())))
 
     def ids(self) -> Iterator[str]:
         self._rows_current()
@@ -848,18 +872,58 @@ class HnswStore(VectorStore):
         pairs, vectors = self._nearest_to(row, k, langs, ef, walk)
         if not pairs:
             return []
-        if vectors is None:  # a graph walk: the vectors from the graph
-            vectors = _items(self._index, [lab for lab, _ in pairs])
-            if walk is not None:  # walked towards the hint: scored against the query, best first
-                order, scores = best_first(vectors, row[0])
-                pairs, vectors = [(pairs[i][0], float(scores[i])) for i in order], vectors[order]
         if langs and len(set(langs)) == 1:
             lang_of = dict.fromkeys((lab for lab, _ in pairs), langs[0])
         else:
-            marks = ",".join("?" * len(pairs))
-            lang_of = dict(self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE label IN ({marks})",
-                                     [lab for lab, _ in pairs]))
+            lang_of = dict(zip((lab for lab, _ in pairs), self._langs_of([lab for lab, _ in pairs])))
+        if vectors is None:  # a graph walk: the vectors from the graph
+            vectors = self._vectors_of([lab for lab, _ in pairs], [lang_of[lab] for lab, _ in pairs])
+            if walk is not None:  # walked towards the hint: scored against the query, best first
+                order, scores = best_first(vectors, row[0])
+                pairs, vectors = [(pairs[i][0], float(scores[i])) for i in order], vectors[order]
         return [Candidate(lab, lang_of.get(lab), score, vectors[i]) for i, (lab, score) in enumerate(pairs)]
+
+    def centred_candidates(self, vector: np.ndarray, k: int, *, ef: int | None = None) -> list[Candidate] | None:
+        """A centred graph's ``k`` nearest to ``vector`` (a query centred by its language's mean,
+        as ``bias.centred_search`` makes it) in one walk over every language, with their vectors
+        as encoded; their scores are the graph's (cosines with centred documents), for the caller
+        to rescore. ``ef`` None: :data:`CENTRED_EF_FACTOR` times the index's ``ef_search``. None
+        from a graph of the vectors as encoded."""
+        if not self._centred:
+            return None
+        with self._mutex:
+            row = self._query_row(vector)
+            if row is None:
+                return []
+            pairs = self._knn(row, k, None, ef or CENTRED_EF_FACTOR * int(self._options["ef_search"]))
+            labels = [lab for lab, _ in pairs]
+            langs = self._langs_of(labels)
+            vectors = self._vectors_of(labels, langs)
+            return [Candidate(lab, lang, score, vectors[i]) for i, ((lab, score), lang) in enumerate(zip(pairs, langs))]
+
+    def _langs_of(self, labels: Sequence[int]) -> list[str]:
+        """The languages of records by label (``und`` for none, and for a label gone)."""
+        found: dict[int, str] = {}
+        for i in range(0, len(labels), 500):
+            part = list(labels[i:i + 500])
+            marks = ",".join("?" * len(part))
+            found.update(self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE label IN ({marks})", part))
+        return [found.get(int(lab), centring.UND) for lab in labels]
+
+    def _vectors_of(self, labels: Sequence[int], langs: Sequence[str]) -> np.ndarray:
+        """Vectors as encoded of graph labels (``langs``: theirs, read by a centred graph only)."""
+        items = _items(self._index, list(labels))
+        if not self._centred:
+            return items
+        return centring.uncentre(items, self._anchor_state().rows(langs))
+
+    def _anchor_state(self) -> centring.Anchors:
+        """A centred graph's anchors: the commit's this handle reads (a writer's, with the ones it
+        set since). Under the mutex."""
+        if self._anchors is None or (not self._writable and self._anchors_of is not self._meta):
+            self._anchors = centring.Anchors.from_meta(self._meta.get("anchors"), self.dim)
+            self._anchors_of = self._meta
+        return self._anchors
 
     def hits(self, candidates: Sequence[Candidate]) -> list[StoreHit]:
         with self._mutex:
@@ -888,6 +952,8 @@ class HnswStore(VectorStore):
         ``walk`` when given (its scores are then ``walk``'s: :meth:`_candidates` rescores)."""
         if k <= 0:
             return [], None
+        if self._centred:
+            return self._nearest_by_language(row, k, langs, ef)
         if langs:
             labels, columns_or_set = self._filter_for(tuple(sorted(set(langs))))
             if not len(labels):
@@ -899,6 +965,41 @@ class HnswStore(VectorStore):
             return ([(int(labels[i]), float(scores[i])) for i in top],
                     np.ascontiguousarray(columns_or_set[:, top].T))
         return self._knn(row, k, None, ef), None
+
+    def _nearest_by_language(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
+                             ef: int | None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
+        """A centred graph's plain-cosine search (of ``langs``, or of every language): its order
+        is not the graph's, so language by language, an exact scan as a plain graph's filters make
+        it, or a filtered walk for :data:`CENTRED_WALK_OVERFETCH` times ``k`` rescored exactly; the
+        best ``k`` of them all, with their vectors. Under the mutex."""
+        if langs:
+            every = sorted(set(langs))
+        else:
+            if self._all_langs is None:
+                self._all_langs = [lang for (lang,) in self._sql(
+                    "SELECT DISTINCT COALESCE(lang, 'und') FROM records WHERE label < ?", [self._next_label])]
+            every = self._all_langs
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # labels, scores, vectors
+        for lang in every:
+            labels, columns_or_set = self._filter_for((lang,))
+            if not len(labels):
+                continue
+            if isinstance(columns_or_set, np.ndarray):
+                scores = column_dots(columns_or_set, row[0])
+                top = _top_k(scores, k)
+                found.append((labels[top], scores[top], np.ascontiguousarray(columns_or_set[:, top].T)))
+                continue
+            walked = [lab for lab, _ in self._filtered_knn(row, CENTRED_WALK_OVERFETCH * k, columns_or_set, ef)]
+            if walked:
+                vectors = self._vectors_of(walked, [lang] * len(walked))
+                order, scores = best_first(vectors, row[0])
+                order = order[:k]
+                found.append((np.asarray(walked, dtype=np.int64)[order], scores[order], vectors[order]))
+        if not found:
+            return [], None
+        labels, scores, vectors = (np.concatenate(part) for part in zip(*found))
+        top = _top_k(scores, k)
+        return [(int(labels[i]), float(scores[i])) for i in top], vectors[top]
 
     def _filtered_knn(self, vector: np.ndarray, k: int, allowed: frozenset[int],
                       ef: int | None) -> list[tuple[int, float]]:
@@ -937,6 +1038,11 @@ class HnswStore(VectorStore):
                     return []
                 k = max(1, k // 2)
 
+    def _forget_filters(self) -> None:
+        """Drop what is kept per language until the next write (or commit followed)."""
+        self._filter_cache.clear()
+        self._all_langs = None
+
     def _filter_for(self, key: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
         """:meth:`_filter_candidates` of a language set, from the cache when it holds it. The
         cache keeps the most recently used sets within FILTER_CACHE_BYTES: each set is a copy
@@ -961,12 +1067,12 @@ class HnswStore(VectorStore):
         """
         marks = ",".join("?" * len(langs))
         # labels past the graph's: records of a commit this reader has not loaded (see _labels)
-        labels = np.asarray([r[0] for r in self._sql(
-            f"SELECT label FROM records WHERE COALESCE(lang, 'und') IN ({marks}) AND label < ?",
-            [*langs, self._next_label])], dtype=np.int64)
+        rows = self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE COALESCE(lang, 'und') IN ({marks}) "
+                         "AND label < ?", [*langs, self._next_label])
+        labels = np.asarray([r[0] for r in rows], dtype=np.int64)
         if len(labels) > scan_limit(self._index.get_current_count()):
             return labels, frozenset(labels.tolist())
-        return labels, np.ascontiguousarray(_items(self._index, labels.tolist()).T)
+        return labels, np.ascontiguousarray(self._vectors_of(labels.tolist(), [r[1] for r in rows]).T)
 
     def _hits(self, pairs: list[tuple[int, float]], vectors: np.ndarray | None = None) -> list[StoreHit]:
         if not pairs:
@@ -1008,6 +1114,8 @@ class HnswStore(VectorStore):
         payloads = [json.dumps(rec.payload, ensure_ascii=False) for rec in records]
         with self._mutex:
             self._ensure_graph(len(records))
+            if self._centred:
+                vectors = self._centred_rows([rec.lang or centring.UND for rec in records], vectors)
             labels = []
             for rec, payload in zip(records, payloads):
                 row = self._sql("SELECT label FROM records WHERE id = ?", (rec.id,))
@@ -1029,7 +1137,28 @@ class HnswStore(VectorStore):
                     pass
             self._index.add_items(vectors, labels_arr)
             self._dirty = True
-            self._filter_cache.clear()
+            self._forget_filters()
+
+    def _centred_rows(self, langs: Sequence[str], vectors: np.ndarray) -> np.ndarray:
+        """A centred graph's rows for documents about to be written: the anchors counted in, those
+        due re-set (:meth:`centring.Anchors.add`) with their languages' documents moved in the
+        graph, then the vectors (made unit: the way back needs it) centred. Under the mutex."""
+        vectors = centring.unit_rows(vectors)
+        anchors = self._anchor_state()
+        due = anchors.add(langs, vectors)
+        before = {lang: anchors.anchors.get(lang) for lang in due}
+        for lang in due:
+            anchors.reset(lang)
+            if before[lang] is None:
+                continue
+            labels = [r[0] for r in self._sql("SELECT label FROM records WHERE COALESCE(lang, 'und') = ? AND label < ?",
+                                              (lang, self._next_label))]
+            for start in range(0, len(labels), 65536):
+                part = labels[start:start + 65536]
+                raw = centring.uncentre(_items(self._index, part), np.broadcast_to(before[lang], (len(part), self.dim)))
+                # an existing label: hnswlib moves the node and mends its links
+                self._index.add_items(centring.centre(raw, anchors.anchors[lang]), np.asarray(part, dtype=np.int64))
+        return centring.centre(vectors, anchors.rows(langs))
 
     def delete(self, ids: Sequence[str]) -> None:
         self._check_writable()
@@ -1039,7 +1168,7 @@ class HnswStore(VectorStore):
                 if not row:
                     continue
                 self._sql("DELETE FROM records WHERE label = ?", (row[0][0],))
-                self._filter_cache.clear()
+                self._forget_filters()
                 if self._index is not None:
                     try:
                         self._index.mark_deleted(int(row[0][0]))
@@ -1082,6 +1211,8 @@ class HnswStore(VectorStore):
                     meta.update(generation=gen, hnsw_file=name, hnsw_size=st.st_size,
                                 hnsw_stat=[st.st_size, st.st_mtime_ns, st.st_ino],
                                 hnsw_sha256=file_sha256(written), capacity=self._index.get_max_elements())
+                if self._centred:
+                    meta["anchors"] = self._anchor_state().to_meta()
                 meta["next_label"] = self._next_label
                 meta["count"] = self.count()
                 meta["checksum"] = json_checksum(meta)
@@ -1142,9 +1273,10 @@ class HnswStore(VectorStore):
             pass
         if written is not None and written.name != self._meta.get("hnsw_file"):
             written.unlink(missing_ok=True)
-        self._filter_cache.clear()
+        self._forget_filters()
         self._dirty = False
         self._next_label = int(self._meta["next_label"])
+        self._anchors = None  # those set since the last commit went with its changes
         try:
             self._index = self._load_graph(self.folder, self._meta) if self._meta["hnsw_file"] else None
         except Exception as exc:  # noqa: BLE001 - the commit's own error is the one to raise
