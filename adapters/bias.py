@@ -58,8 +58,8 @@ OVERFETCH = 2
 #: of their cost (benchmarks/results/modes_scale_debian.md)
 WALK_SHIFT = 1.0
 #: a store whose graph is centred (``stores/centring.py``) is walked once for this many times the
-#: results asked, rescored exactly: the graph's anchors are not the means of the moment, and its
-#: order is the centred cosine's without the query's re-normalisation
+#: results asked, rescored exactly: the graph is centred by its own anchors, not by the means of
+#: the moment, and its walk is approximate
 CENTRED_OVERFETCH = 4
 
 

@@ -11,7 +11,8 @@
 # down many times over).
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
 #      INDEX (default: a temporary folder; give one to reuse the encoded pool),
-#      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those; also eval-gate-int8),
+#      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those; also eval-gate-int8,
+#      and eval-centred: the index with a graph of language-centred vectors),
 #      GATES (default: "0.02 0.045 0.08 0.13": the student's margins at its 20th, 40th, 60th
 #      and 80th percentiles on this set, with the correction: benchmarks/results/eval-gate/).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -42,8 +43,18 @@ for name in $RUNS; do
         eval-prefer) "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode prefer \
                   --debias both --consensus both --out "$tmp/eval-prefer" --summary-only -q > "$tmp/eval-prefer.md" ;;
         eval-gate) gated eval-gate teacher none ;;
+        # an index of the same documents whose graph holds language-centred vectors
+        # (index.hnsw_centred: the corrected search is then one walk, the others per language),
+        # beside the plain graph's index searched the same way (eval-centred/plain/)
+        eval-centred) for graph in plain centred; do
+                  out="$tmp/eval-centred"; [[ $graph == plain ]] && out="$tmp/eval-centred/plain"
+                  VECPLUG_INDEX_HNSW_CENTRED=$([[ $graph == centred ]] && echo true || echo false) \
+                      "$VECPLUG" eval "$data" --index "$index-$graph" --query-encoder me5-small \
+                      --query-encoder "$STUDENT" --mode xy --mode mono --rerank none --debias both \
+                      --consensus both --out "$out" --summary-only -q > "$tmp/eval-centred-$graph.md"
+              done ;;
         eval-gate-int8) gated eval-gate-int8 teacher:int8 int8 ;;
-        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8)" >&2; exit 2 ;;
+        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8 eval-centred)" >&2; exit 2 ;;
     esac
 done
 # results replace the previous ones only when every run asked for finished
@@ -51,5 +62,7 @@ for name in $RUNS; do
     rm -rf "$here/results/$name"
     mv "$tmp/$name" "$here/results/$name"
     cat "$here/results/$name/report.md"
-    if [[ -f "$here/results/$name/teacher/report.md" ]]; then cat "$here/results/$name/teacher/report.md"; fi
+    for sub in teacher plain; do
+        if [[ -f "$here/results/$name/$sub/report.md" ]]; then cat "$here/results/$name/$sub/report.md"; fi
+    done
 done

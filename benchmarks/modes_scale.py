@@ -29,7 +29,11 @@ give it (``adapters/consensus.py``), each with its recall of the exact consensus
 which a language is scanned exactly instead of walked (``hnsw.scan_limit``), one store handle
 per limit, the handles taking turns query by query (this machine's speed drifts over a run by as
 much as the differences measured), with the memory its language filters take (a scanned
-language's is a copy of its vectors).
+language's is a copy of its vectors). With ``--centred`` the hnswlib store is built with its graph
+of language-centred vectors (``index.hnsw_centred``, ``adapters/stores/centring.py``): the corrected
+``xy`` is then one walk, and ``xy`` and ``mono`` without the correction go language by language;
+``--corrected-efs`` times the corrected ``xy`` with other search breadths. ``xy`` and ``mono`` are
+scored too, against exact plain cosine over every document and over the query's language's.
 
 Usage::
 
@@ -97,6 +101,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--scan-limits is the hnswlib store's (Qdrant's limit is its full_scan_threshold)")
     if args.centred and args.store != "hnswlib":
         p.error("--centred is the hnswlib store's")
+    if args.centred and args.scan_limits:
+        p.error("--scan-limits times the corrected search language by language: a centred graph walks once")
     return args
 
 
@@ -434,20 +440,23 @@ def render(r: dict[str, Any]) -> str:
         title += f" ({STORE_NAMES[r['store']].removeprefix('an ')})"
     if r.get("centred"):
         title += " (hnswlib, its graph of language-centred vectors)"
-    how = ("one walk of the graph of language-centred vectors (`adapters/stores/centring.py`) for "
+    how = ("is one walk of the graph of language-centred vectors (`adapters/stores/centring.py`) for "
            f"{r.get('centred_overfetch', 4)} x 10 candidates, rescored exactly; `xy` and `mono` then go language by "
            "language (an exact scan for a language of at most the scan limit's documents, else a filtered walk "
            "rescored)" if r.get("centred") else
            "searches each language of the index on its own (an exact scan for a language of at most the scan limit's "
            "documents, else a filtered graph walk) and rescores centred vectors")
+    # results of before xy and mono were scored have no such column
+    plain_scored = all("mono_recall" in res for res in r["results"])
     lines = [header_markdown(title, r["machine"]), "",
              f"Vectors {r['vectors']} with the languages of {r['corpus']}; {r['queries']} held-out rows searched "
              f"one at a time in their own document's language, top {r['k']}, after {WARMUP} warm-up queries; "
-             f"{STORE_NAMES[r.get('store', 'hnswlib')]} with its defaults, opened read-only. `xy + correction`: "
-             f"{how}; its recall is against an exact centred ranking of every document. `xy` and `mono` recall: "
-             "against exact plain cosine over every document / the query's language's. `xy + consensus` (without "
-             f"the correction) regroups each language's best {CONSENSUS[1]}; its recall is against consensus over "
-             f"each language's exact best {CONSENSUS[1]}.", ""]
+             f"{STORE_NAMES[r.get('store', 'hnswlib')]} with its defaults, opened read-only. `xy + correction` "
+             f"{how}; its recall is against an exact centred ranking of every document. "
+             + ("`xy` and `mono` recall: against exact plain cosine over every document / the query's language's. "
+                if plain_scored else "")
+             + f"`xy + consensus` (without the correction) regroups each language's best {CONSENSUS[1]}; its recall "
+             f"is against consensus over each language's exact best {CONSENSUS[1]}.", ""]
     rows = []
     for res in r["results"]:
         by = Counter(res["languages"])
@@ -457,14 +466,16 @@ def render(r: dict[str, Any]) -> str:
         row += [f"{m['p50_ms']:.2f} / {m['p95_ms']:.2f}" for m in res["modes"]]
         row.append(f"{res['corrected_recall']:.4f}")
         row.append(f"{res['consensus_recall']:.4f}" if "consensus_recall" in res else "")
-        row.append(" / ".join(f"{res[key]:.4f}" for key in ("plain_recall", "mono_recall")) if "mono_recall" in res else "")
+        if plain_scored:
+            row.append(" / ".join(f"{res[key]:.4f}" for key in ("plain_recall", "mono_recall")))
         rows.append(row)
     head = ["documents", "scan limit", "languages (> limit)", "largest"] + [f"{m['mode']} p50 / p95 ms"
                                                              for m in r["results"][0]["modes"]]
-    lines.append(markdown_table(head + ["xy + correction recall@10", "xy + consensus recall@10", "xy / mono recall@10"],
-                                rows))
-    lines += ["", f"(Per-language walks moved by `WALK_SHIFT` = {r['results'][0].get('walk_shift', 0):g} "
-              "times their language's mean: `adapters/bias.py`.)"]
+    head += ["xy + correction recall@10", "xy + consensus recall@10"] + (["xy / mono recall@10"] if plain_scored else [])
+    lines.append(markdown_table(head, rows))
+    if not r.get("centred"):
+        lines += ["", f"(Per-language walks moved by `WALK_SHIFT` = {r['results'][0].get('walk_shift', 0):g} "
+                  "times their language's mean: `adapters/bias.py`.)"]
     shifted = [(res["n"], s) for res in r["results"] for s in res.get("shifts", [])]
     if shifted:
         lines += ["", "The corrected `xy` with other walk shifts (0: the walks of before the shift):", ""]

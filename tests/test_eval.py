@@ -739,6 +739,15 @@ def test_eval_index_ignores_the_user_s_store_and_corpus_settings(tmp_path: Path,
     assert report.results[0].summary["overall"]["mrr@10"] == pytest.approx(1.0)
     private = index_settings(str(tmp_path / "tmp"), True, document=str(tiny_model), query=None)
     assert private.index.hnsw_ef_search is None and private.model.document == str(tiny_model)
+    # a graph of language-centred vectors for an index folder eval creates, and said so
+    from vecplug.evaluate import render_markdown
+
+    assert not report.index["centred_graph"] and "language-centred" not in render_markdown(report)
+    monkeypatch.setenv("VECPLUG_INDEX_HNSW_CENTRED", "true")
+    report = evaluate(ds, make_runs([None], ["xy", "mono"]), model=str(tiny_model), command="test",
+                      index_dir=tmp_path / "cidx")
+    assert report.index["centred_graph"] and "its graph holds language-centred vectors" in render_markdown(report)
+    assert report.results[1].summary["overall"]["mrr@10"] == pytest.approx(1.0)
 
 
 def test_rerank_run_tiny_model(tmp_path: Path, tiny_model: Path) -> None:

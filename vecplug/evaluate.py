@@ -678,8 +678,10 @@ def _build_index(dataset: EvalDataset, settings: Settings, progress: bool,
         refused = wanted - set(index.store.ids())
         count = index.store.count()
         encoder = index.encoder.describe()
+        centred = bool(getattr(index.store, "centred", False))
     return ({"reused": bool(existing) and report.documents == 0, "documents": count,
-             "report": report.to_dict(), "encoder": encoder}, doc_langs, refused, list(report.problems))
+             "report": report.to_dict(), "encoder": encoder, "centred_graph": centred},
+            doc_langs, refused, list(report.problems))
 
 
 # -- the Markdown report ----------------------------------------------------------------------
@@ -722,7 +724,8 @@ def render_markdown(report: EvalReport) -> str:
     out.append(f"- index: {ix.get('path') or 'temporary folder'}, {ix.get('documents', 0):,} documents, {built}; "
                f"document encoder {enc.get('document_encoder', '?')} "
                f"({str(enc.get('document_encoder_checksum', ''))[:12]}"
-               + (f", computed in {enc['precision']}" if enc.get("precision") else "") + ")")
+               + (f", computed in {enc['precision']}" if enc.get("precision") else "") + ")"
+               + ("; its graph holds language-centred vectors (index.hnsw_centred)" if ix.get("centred_graph") else ""))
     seen: dict[str | None, str] = {}
     names = encoder_names(r.run.query_encoder for r in report.results)  # as make_runs names them
     for r in report.results:
