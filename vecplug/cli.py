@@ -130,8 +130,8 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
                        f"with the correction {'on' if built.get('debias') else 'off'} (give --"
                        f"{'' if debias else 'no-'}debias to search)", err=True)
         if centred and not getattr(index.store, "centred", False):
-            click.echo("note: --centred-graph shapes a new hnswlib index's graph; this one's holds the vectors "
-                       "as encoded (index into a new folder to have it centred)", err=True)
+            click.echo("note: --centred-graph shapes a new hnswlib index's graph; this index's holds the vectors "
+                       "as encoded (index into a new folder, with the hnswlib store, to have it centred)", err=True)
         if common.get("query_encoder") and index.encoder.describe()["query_encoder"] != built.get("query_encoder"):
             click.echo(f"note: --query-encoder sets a new index's query encoder; this one searches with "
                        f"{built.get('query_encoder')} (give --query-encoder to search)", err=True)
