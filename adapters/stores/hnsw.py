@@ -97,7 +97,7 @@ SCAN_LIMIT_CAP = 50_000
 CENTRED_WALK_OVERFETCH = 8
 #: the corrected search's one walk of a centred graph is this many times as broad as the index's
 #: ``ef_search`` (unless a search gives its own ``ef``): it replaces a search per language, and at
-#: a million 256 found 0.982 of the exact centred top 10 in 2.6 ms, 128 0.968 in 2.2 (the same file)
+#: a million 256 found 0.982 of the exact centred top 10 in 2.6 ms, 128 0.968 in 2.0 (the same file)
 CENTRED_EF_FACTOR = 2
 #: a commit rebuilds the graph once deleted vectors are this share of it (and at least
 #: COMPACT_MIN of them): hnswlib keeps deleted vectors in the graph, marked
