@@ -38,6 +38,7 @@ SHRINK = 16.0
 
 
 def unit_rows(X: np.ndarray) -> np.ndarray:
+    """Rows of ``X`` as float32 unit vectors (a zero row stays zero)."""
     X = np.asarray(X, dtype=np.float32)
     return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
 
