@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vecplug.adapters.stores import centring
 from vecplug.adapters.stores.base import (Candidate, StoreHit, candidates_per_language, centred_candidates, hit_vectors,
                                           row_dots)
 
@@ -146,9 +147,7 @@ class LanguageMeans:
             return np.zeros((0, len(self.overall)), dtype=np.float32)
         rows, table = self._table
         index = np.fromiter((rows.get(lang or UND, -1) for lang in langs), dtype=np.intp, count=len(langs))
-        out = np.asarray(vectors, dtype=np.float32) - table[index]
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.maximum(norms, 1e-12)
+        return centring.centre(vectors, table[index])
 
     def centre_query(self, vector: np.ndarray, lang: str | None) -> np.ndarray:
         return self.centre(np.asarray(vector).reshape(1, -1), [lang])[0]

@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -476,12 +476,8 @@ def render(r: dict[str, Any]) -> str:
     if not r.get("centred"):
         lines += ["", f"(Per-language walks moved by `WALK_SHIFT` = {r['results'][0].get('walk_shift', 0):g} "
                   "times their language's mean: `adapters/bias.py`.)"]
-    shifted = [(res["n"], s) for res in r["results"] for s in res.get("shifts", [])]
-    if shifted:
-        lines += ["", "The corrected `xy` with other walk shifts (0: the walks of before the shift):", ""]
-        lines.append(markdown_table(["documents", "walk shift", "p50 / p95 ms", "mean ms", "recall@10"],
-                                    [[f"{n:,}", f"{s['shift']:g}", f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}",
-                                      f"{s['mean_ms']:.2f}", f"{s['recall']:.4f}"] for n, s in shifted]))
+    lines += _sweep(r, "shifts", "The corrected `xy` with other walk shifts (0: the walks of before the shift):",
+                    "walk shift", lambda s: f"{s['shift']:g}")
     limited = [(res["n"], s) for res in r["results"] for s in res.get("scan_limits", [])]
     if limited:
         lines += ["", "The corrected `xy` with other exact-scan limits (a language of more documents is walked), "
@@ -492,20 +488,12 @@ def render(r: dict[str, Any]) -> str:
                                     [[f"{n:,}", f"{s['limit']:,}", str(s["walked"]),
                                       f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}", f"{s['mean_ms']:.2f}",
                                       f"{s['recall']:.4f}", f"{s['cache_mb']:.0f}"] for n, s in limited]))
-    breadths = [(res["n"], s) for res in r["results"] for s in res.get("corrected_efs", [])]
-    if breadths:
-        lines += ["", "The corrected `xy` with other search breadths (ef, given to each search; without one, the "
-                  "store's: 128, and twice that for a centred graph's one walk):", ""]
-        lines.append(markdown_table(["documents", "ef", "p50 / p95 ms", "mean ms", "recall@10"],
-                                    [[f"{n:,}", str(s["ef"]), f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}",
-                                      f"{s['mean_ms']:.2f}", f"{s['recall']:.4f}"] for n, s in breadths]))
-    hinted = [(res["n"], s) for res in r["results"] for s in res.get("consensus_shifts", [])]
-    if hinted:
-        lines += ["", "`xy` + consensus with walk hints (towards the query plus the shift x each language's mean; "
-                  "the library walks without: `adapters/consensus.py`), recall of the exact consensus:", ""]
-        lines.append(markdown_table(["documents", "hint shift", "p50 / p95 ms", "mean ms", "recall@10"],
-                                    [[f"{n:,}", f"{s['shift']:g}", f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}",
-                                      f"{s['mean_ms']:.2f}", f"{s['recall']:.4f}"] for n, s in hinted]))
+    lines += _sweep(r, "corrected_efs", "The corrected `xy` with other search breadths (ef, given to each search; "
+                    "without one, the store's: 128, and twice that for a centred graph's one walk):",
+                    "ef", lambda s: str(s["ef"]))
+    lines += _sweep(r, "consensus_shifts", "`xy` + consensus with walk hints (towards the query plus the shift x "
+                    "each language's mean; the library walks without: `adapters/consensus.py`), recall of the exact "
+                    "consensus:", "hint shift", lambda s: f"{s['shift']:g}")
     for res in r["results"]:
         if "per_language" not in res:
             continue
@@ -519,6 +507,16 @@ def render(r: dict[str, Any]) -> str:
               "filtered walk" if res["languages"].get(lang, 0) > limit(res) else "exact scan", f"{ms:.2f}"]
              for lang, ms in shown]))
     return "\n".join(lines)
+
+
+def _sweep(r: dict[str, Any], key: str, intro: str, column: str, value: Callable[[dict[str, Any]], str]) -> list[str]:
+    """A table of one setting swept (each result's ``key`` list: its value, latency and recall),
+    after ``intro``; nothing when no result swept it."""
+    rows = [[f"{res['n']:,}", value(s), f"{s['p50_ms']:.2f} / {s['p95_ms']:.2f}", f"{s['mean_ms']:.2f}",
+             f"{s['recall']:.4f}"] for res in r["results"] for s in res.get(key, [])]
+    if not rows:
+        return []
+    return ["", intro, "", markdown_table(["documents", column, "p50 / p95 ms", "mean ms", "recall@10"], rows)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
