@@ -12,7 +12,8 @@
 #              vectors, on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
 #              how near-tied their exact top 10 is, and how an exact scan of k-means lists
-#              would fare: ann_crowding_debian.md, and each retrieval mode's first stage with the
+#              would fare: ann_crowding_debian.md, what an exact scan of queries in batches costs:
+#              exact_batch_debian.md, and each retrieval mode's first stage with the
 #              documents' 32 languages at 200k and 1M: modes_scale_debian.md, in embedded
 #              Qdrant: modes_scale_debian_qdrant.md, and in hnswlib with a graph of language-centred
 #              vectors: modes_scale_debian_centred.md)
@@ -96,6 +97,8 @@ else
                             --work "$WORK/ann"
                         # how near-tied its exact top 10 is (the ceiling on strict recall)
                         run_as ann_crowding_debian ann_crowding --work "$WORK/ann" --partitions 1024
+                        # the same million scanned exactly, queries in batches (bfloat16, AMX)
+                        run_as exact_batch_debian exact_batch --work "$WORK/ann" --float32
                         # each mode's first stage with the documents' 32 real languages, in the
                         # hnswlib store and in embedded Qdrant
                         run_as modes_scale_debian modes_scale --vectors "$WORK/debian-1m-me5-small.npy" \
@@ -127,7 +130,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
-    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred}; do
+    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian exact_batch_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred}; do
         if [[ -f "$out/$name.md" ]]; then
             echo
             cat "$out/$name.md"

@@ -1,0 +1,88 @@
+"""benchmarks/exact_batch.py: an exact scan of a batch of queries in bfloat16 halves."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+#: the script under test, imported by conftest's ``bench`` fixture
+BENCHMARK = "exact_batch"
+
+
+def _crowded(n: int, dim: int, seed: int, sign: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Unit base vectors around one direction (cosines ~0.9 between them, so a query's 10th
+    and 11th neighbours differ by less than bfloat16 can tell) and queries like them
+    (``sign`` -1: pointing away, every score negative)."""
+    rng = np.random.default_rng(seed)
+    mean = rng.standard_normal(dim)
+    base = mean / np.linalg.norm(mean) + 0.35 * rng.standard_normal((n, dim)) / np.sqrt(dim)
+    queries = sign * (mean / np.linalg.norm(mean) + 0.35 * rng.standard_normal((40, dim)) / np.sqrt(dim))
+    unit = [(x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32) for x in (base, queries)]
+    return unit[0], unit[1]
+
+
+def _exact(base: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores = queries.astype(np.float64) @ base.astype(np.float64).T
+    ids = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return ids, np.take_along_axis(scores, ids, 1)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_scan_finds_the_exact_top_k(bench: ModuleType, sign: float) -> None:
+    import torch
+
+    base, queries = _crowded(9_000, 64, seed=3, sign=sign)
+    ids, scores = _exact(base, queries, 10)
+    gaps = scores[:, 9] - np.sort(queries.astype(np.float64) @ base.T.astype(np.float64), axis=1)[:, -11]
+    assert np.median(gaps) < 2e-3  # crowded: a bfloat16 product could not order them
+    Q = torch.from_numpy(queries)
+    rounded = Q.to(torch.bfloat16).float() @ torch.from_numpy(base).to(torch.bfloat16).float().T
+    allowed = 1.25 * float((rounded.double() - torch.from_numpy(queries.astype(np.float64) @ base.T.astype(np.float64))).abs().max())
+    for halves in (True, False):
+        hi, lo = bench.split(base) if halves else (torch.from_numpy(base), None)
+        for chunk in (4096, 1000):  # the last chunk partial; many chunks, with raised floors
+            found, found_scores, stats = bench.scan(Q, hi, lo, 10, chunk=chunk, input_error=allowed)
+            assert [set(r) for r in found.numpy()] == [set(r) for r in ids]
+            # scored exactly (hi + lo is float32 within ~2^-17), best first
+            assert np.abs(found_scores.numpy() - scores).max() < 1e-5
+            assert (np.diff(found_scores.numpy(), axis=1) <= 0).all()
+            assert 10 <= stats["candidates"] < 200 and 0 < stats["read_share"] <= 1
+
+
+def test_halves_are_float32_to_the_last_bits(bench: ModuleType) -> None:
+    import torch
+
+    x = np.random.default_rng(0).standard_normal((100, 32)).astype(np.float32)
+    hi, lo = bench.split(x)
+    assert hi.dtype == lo.dtype == torch.bfloat16
+    assert np.abs(hi.float().numpy() - x).max() > 1e-4  # one half alone is not it
+    assert np.abs((hi.float() + lo.float()).numpy() - x).max() <= 2 ** -16 * np.abs(x).max()
+
+
+def test_a_run_on_ann_scale_data(bench: ModuleType, tmp_path: Path) -> None:
+    """Through main, on what ``ann_scale.py --data-only`` made: every batch size and both
+    kinds find the exact top 10 (strict recall 1.0), and the report says so."""
+    import ann_scale
+
+    work = tmp_path / "work"
+    assert ann_scale.main(["--sizes", "5000", "--dim", "32", "--queries", "30", "--work", str(work),
+                           "--data-only", "--json", str(tmp_path / "ann.json")]) == 0
+    out = tmp_path / "out.json"
+    assert bench.main(["--work", str(work), "--batches", "1", "7", "--threads", "1", "--float32",
+                       "--check", "500", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    (s,) = r["sets"]
+    assert s["n"] == 5000 and s["queries"] == 30 and s["input_error_allowed"] == pytest.approx(1.25 * s["input_error"])
+    assert 0 < s["input_error"] < 0.01
+    assert [k["kind"] for k in s["kinds"]] == ["bfloat16 hi + lo", "float32"]
+    runs = [x for k in s["kinds"] for x in k["runs"]]
+    assert [(x["batch"], x["batches"]) for x in runs] == [(1, 30), (7, 5)] * 2
+    assert all(x["recall"] == 1.0 and x["per_query_ms"] > 0 for x in runs)
+    assert s["kinds"][0]["rss_added"] > 0
+    text = bench.render(r)
+    assert "| threads | batch | ms per query |" in text and "1.0000" in text
+    with pytest.raises(SystemExit, match="no ann_scale.py data"):
+        bench.main(["--work", str(work), "--size", "123"])
