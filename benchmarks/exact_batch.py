@@ -9,14 +9,14 @@ few hundred milliseconds; the rest is finding each query's best columns in the p
 without reading all of it twice.
 
 The scan (:func:`scan`), for vectors kept as two bfloat16 halves ``hi + lo`` (``hi`` the
-vector rounded to bfloat16, ``lo`` what it left: 1,536 MB for a million 384-d vectors,
+vector rounded to bfloat16, ``lo`` what it left: 1,465 MiB for a million 384-d vectors,
 exactly float32's size, so nothing is kept twice):
 
 1. each query's floor starts just below the ``k``-th best score among the first columns;
 2. per step of columns, ``queries @ hi.T`` in bfloat16, less a shift just under each query's
    floor, subtracted inside the product before its rounding to bfloat16: the scores that
-   matter are then within ~0.01 of zero, where bfloat16 is fine-grained (3e-5 apart instead
-   of 0.004 near a cosine of 0.9), and the floor is a small positive number, so a row's
+   matter are then within ~0.01 of zero, where bfloat16 is fine-grained (6e-5 apart there
+   instead of 0.004 near a cosine of 0.9), and the floor is a small positive number, so a row's
    entries compare as int16 (which orders bfloat16 numbers above zero as the numbers do):
    one int16 maximum per query and step says whether the step holds anything above it;
 3. for the queries it does, every column above the floor is a candidate, and the floor rises
@@ -131,15 +131,15 @@ def _ulp(x: Any) -> Any:
     return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 7)
 
 
-def _padded(rows: Any, values: Any, groups: int, fill: float) -> tuple[Any, Any]:
-    """``values`` grouped by ``rows`` (sorted, in ``range(groups)``) as the rows of a table
-    padded with ``fill``: (table, each value's column in it)."""
+def _padded(rows: Any, values: Any, groups: int, fill: float, width: int = 1) -> tuple[Any, Any]:
+    """``values`` grouped by ``rows`` (sorted, in ``range(groups)``) as the rows of a table at
+    least ``width`` wide, padded with ``fill``: (table, each value's column in it)."""
     import torch
 
     counts = torch.bincount(rows, minlength=groups)
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(len(rows)) - starts[rows]
-    table = torch.full((groups, max(1, int(counts.max()))), fill, dtype=values.dtype)
+    table = torch.full((groups, max(width, int(counts.max()) if len(rows) else 0)), fill, dtype=values.dtype)
     table[rows, slot] = values
     return table, slot
 
@@ -215,7 +215,7 @@ def scan(queries: Any, hi: Any, lo: Any | None, k: int, chunk: int | None = None
     rows, cols = rows[order], cols[order]
     exact = torch.cat([(queries[rows[i:i + RESCORE]] * _rows(hi, lo, cols[i:i + RESCORE])).sum(1)
                        for i in range(0, len(rows), RESCORE)])
-    table, slot = _padded(rows, exact, B, -torch.inf)
+    table, slot = _padded(rows, exact, B, -torch.inf, width=k)  # (fewer than k documents: -1s)
     ids = torch.full(table.shape, -1, dtype=torch.int64)
     ids[rows, slot] = cols
     top_s, top_j = table.topk(k, dim=1)

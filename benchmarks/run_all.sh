@@ -16,7 +16,7 @@
 #              exact_batch_debian.md, and each retrieval mode's first stage with the
 #              documents' 32 languages at 200k and 1M: modes_scale_debian.md, in embedded
 #              Qdrant: modes_scale_debian_qdrant.md, and in hnswlib with a graph of language-centred
-#              vectors: modes_scale_debian_centred.md)
+#              vectors: modes_scale_debian_centred.md, and that graph's build: centred_build_debian.md)
 #
 # Usage:  benchmarks/run_all.sh [options for xquad_r.py, e.g. --exact, --langs en de, --limit 100]
 #         BENCH="encode_speed query_latency" benchmarks/run_all.sh    (a subset)
@@ -25,8 +25,9 @@
 #         BENCH (names, default all), ANN_SIZES (default "100000 1000000"),
 #         CROSS_ENCODER (precision_probe's reranker, default models/me5-small-cross-tatoeba if present),
 #         WORK (scratch folder, default a temporary one: the pooled XQuAD-R index, ANN data).
-# Time on a 2-core machine: about 3.5 hours for everything (the 1M-vector builds and, for
-# ann_debian, encoding a million sentences: ~27 min in bfloat16 with AMX, hours in float32).
+# Time on a 2-core machine: about 4.3 hours for everything (the 1M-vector builds and, for
+# ann_debian, encoding a million sentences: ~27 min in bfloat16 with AMX, hours in float32, and
+# the eight builds of centred_build: 37 min).
 # Run nothing else meanwhile: two jobs on two cores slow each other down several times over, and
 # every timing here assumes a quiet machine (each report records the load average).
 set -euo pipefail
@@ -110,7 +111,10 @@ else
                         # hnswlib with its graph of language-centred vectors (index.hnsw_centred)
                         run_as modes_scale_debian_centred modes_scale --vectors "$WORK/debian-1m-me5-small.npy" \
                             --corpus "$WORK/debian-1m.jsonl" --sizes 200000 1000000 --centred \
-                            --corrected-efs 64 128 512 --work "$WORK/modes" ;;
+                            --corrected-efs 64 128 512 --work "$WORK/modes"
+                        # and what that graph costs to build, against a plain one
+                        run_as centred_build_debian centred_build --vectors "$WORK/debian-1m-me5-small.npy" \
+                            --corpus "$WORK/debian-1m.jsonl" --sizes 200000 1000000 --rounds 2 --work "$WORK" ;;
             # with the cross-encoder of benchmarks/train_example.sh when it has been trained
             precision_probe) cross="${CROSS_ENCODER:-models/me5-small-cross-tatoeba}"
                              if [[ -d "$cross" ]]; then run precision_probe --cross-encoder "$cross"
@@ -130,7 +134,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
-    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian exact_batch_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred}; do
+    for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian exact_batch_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred centred_build_debian}; do
         if [[ -f "$out/$name.md" ]]; then
             echo
             cat "$out/$name.md"

@@ -86,3 +86,15 @@ def test_a_run_on_ann_scale_data(bench: ModuleType, tmp_path: Path) -> None:
     assert "| threads | batch | ms per query |" in text and "1.0000" in text
     with pytest.raises(SystemExit, match="no ann_scale.py data"):
         bench.main(["--work", str(work), "--size", "123"])
+
+
+def test_fewer_documents_than_k(bench: ModuleType) -> None:
+    """Five documents, top 10: all five, best first, then -1s (no error)."""
+    import torch
+
+    base, queries = _crowded(5, 16, seed=1)
+    for hi, lo in (bench.split(base), (torch.from_numpy(base), None)):
+        ids, scores, _ = bench.scan(torch.from_numpy(queries[:3]), hi, lo, 10)
+        exact_ids, _ = _exact(base, queries[:3], 5)
+        assert (ids[:, :5].numpy() == exact_ids).all() and (ids[:, 5:] == -1).all()
+        assert torch.isinf(scores[:, 5:]).all()
