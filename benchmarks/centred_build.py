@@ -30,18 +30,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ann_scale import folder_bytes  # noqa: E402
 from bench_common import header_markdown, machine_info, markdown_table, run_main  # noqa: E402
-from modes_scale import build, read_langs, split  # noqa: E402
+from modes_scale import build, data_arguments, read_langs, split  # noqa: E402
 
 KINDS = ("plain", "centred")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--vectors", type=Path, required=True, help="embeddings (.npy, n x dim), row i = line i of --corpus")
-    p.add_argument("--corpus", type=Path, required=True, help="JSONL with a 'lang' field per line")
-    p.add_argument("--sizes", type=int, nargs="+", default=[200_000], help="index sizes (documents)")
-    p.add_argument("--queries", type=int, default=300, help="rows held out as modes_scale.py holds them out")
-    p.add_argument("--seed", type=int, default=0)
+    data_arguments(p)  # modes_scale.py's rows: its queries held out, not built
     p.add_argument("--rounds", type=int, default=1, help="builds of each kind per size, taking turns")
     p.add_argument("--work", type=Path, help="where the indexes are built (default: a temporary folder)")
     p.add_argument("--json", type=Path)

@@ -73,13 +73,19 @@ BATCH = 10_000
 STORES = ("hnswlib", "qdrant")
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def data_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that pick the documents and queries (:func:`split`): this script's, and
+    ``centred_build.py``'s, which builds from the same rows."""
     p.add_argument("--vectors", type=Path, required=True, help="embeddings (.npy, n x dim), row i = line i of --corpus")
     p.add_argument("--corpus", type=Path, required=True, help="JSONL with a 'lang' field per line")
     p.add_argument("--sizes", type=int, nargs="+", default=[200_000], help="index sizes (documents)")
     p.add_argument("--queries", type=int, default=300, help="held-out rows searched (their own language)")
     p.add_argument("--seed", type=int, default=0)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    data_arguments(p)
     p.add_argument("--store", choices=STORES, default="hnswlib", help="the store built and searched")
     p.add_argument("--centred", action="store_true",
                    help="hnswlib: its graph of language-centred vectors (index.hnsw_centred: adapters/stores/centring.py)")
