@@ -219,7 +219,7 @@ def scan(queries: Any, hi: Any, lo: Any | None, k: int, chunk: int | None = None
     ids = torch.full(table.shape, -1, dtype=torch.int64)
     ids[rows, slot] = cols
     top_s, top_j = table.topk(k, dim=1)
-    stats = {"candidates": len(rows) / B, "read_share": read / (B * -(-n // chunk)), "chunk": chunk}
+    stats = {"candidates": len(rows) / B, "read_share": read / (B * -(-n // chunk))}
     return torch.gather(ids, 1, top_j), top_s, stats
 
 

@@ -131,6 +131,15 @@ def _items(index: Any, labels: list[int]) -> np.ndarray:
     return np.asarray(index.get_items(labels, return_type="list"), dtype=np.float32).reshape(len(labels), index.dim)
 
 
+def _lang_in(langs: Sequence[str]) -> tuple[str, list[str]]:
+    """A condition on records (with its arguments) for the languages ``langs``, ``und`` matching
+    records without one too, written so that SQLite searches its index on ``lang``:
+    ``COALESCE(lang, 'und') IN (...)`` reads every record (one language of a million: 0.50 s
+    against 0.06)."""
+    cond = f"lang IN ({','.join('?' * len(langs))})"
+    return (f"({cond} OR lang IS NULL)" if centring.UND in langs else cond), list(langs)
+
+
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the ``k`` highest scores, best first (a partial sort: O(n), not O(n log n))."""
     if k < len(scores):
@@ -976,8 +985,10 @@ class HnswStore(VectorStore):
             every = sorted(set(langs))
         else:
             if self._all_langs is None:
-                self._all_langs = [lang for (lang,) in self._sql(
-                    "SELECT DISTINCT COALESCE(lang, 'und') FROM records WHERE label < ?", [self._next_label])]
+                # every record's (from the index on lang; a language only of records past the
+                # graph's labels finds no labels below, and is skipped)
+                self._all_langs = list(dict.fromkeys(lang or centring.UND for (lang,) in self._sql(
+                    "SELECT DISTINCT lang FROM records")))
             every = self._all_langs
         found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # labels, scores, vectors
         for lang in every:
@@ -1065,10 +1076,10 @@ class HnswStore(VectorStore):
         matrix-vector product (or set lookups) instead of a database scan and a copy out of
         the graph.
         """
-        marks = ",".join("?" * len(langs))
+        cond, args = _lang_in(langs)
         # labels past the graph's: records of a commit this reader has not loaded (see _labels)
-        rows = self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE COALESCE(lang, 'und') IN ({marks}) "
-                         "AND label < ?", [*langs, self._next_label])
+        rows = self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE {cond} AND label < ? ORDER BY label",
+                         [*args, self._next_label])
         labels = np.asarray([r[0] for r in rows], dtype=np.int64)
         if len(labels) > scan_limit(self._index.get_current_count()):
             return labels, frozenset(labels.tolist())
@@ -1151,8 +1162,9 @@ class HnswStore(VectorStore):
             anchors.reset(lang)
             if before[lang] is None:
                 continue
-            labels = [r[0] for r in self._sql("SELECT label FROM records WHERE COALESCE(lang, 'und') = ? AND label < ?",
-                                              (lang, self._next_label))]
+            cond, args = _lang_in([lang])
+            labels = [r[0] for r in self._sql(f"SELECT label FROM records WHERE {cond} AND label < ? ORDER BY label",
+                                              [*args, self._next_label])]
             for start in range(0, len(labels), 65536):
                 part = labels[start:start + 65536]
                 raw = centring.uncentre(_items(self._index, part), np.broadcast_to(before[lang], (len(part), self.dim)))
