@@ -134,8 +134,8 @@ def _items(index: Any, labels: list[int]) -> np.ndarray:
 def _lang_in(langs: Sequence[str]) -> tuple[str, list[str]]:
     """A condition on records (with its arguments) for the languages ``langs``, ``und`` matching
     records without one too, written so that SQLite searches its index on ``lang``:
-    ``COALESCE(lang, 'und') IN (...)`` reads every record (one language of a million: 0.50 s
-    against 0.06)."""
+    ``COALESCE(lang, 'und') IN (...)`` reads every record (the Debian million, its pages cached:
+    one language 0.11 s against 0.04, each of its 32 in turn 2.7 s against 0.45)."""
     cond = f"lang IN ({','.join('?' * len(langs))})"
     return (f"({cond} OR lang IS NULL)" if centring.UND in langs else cond), list(langs)
 
