@@ -3,43 +3,31 @@
 Issue 6 asks for recall@10 >= 0.99 "under 1 ms per query" at a million 384-d vectors in
 under 2 GB. One query at a time, no graph measured gets there (``ann_scale.py``: 0.955 at
 0.92 ms). This measures the other reading of "per query": a batch of queries answered
-together, by an exact scan, costs its time divided by the queries. On a CPU with matrix
-units (Intel AMX), a bfloat16 matrix product of 1,000 queries by a million vectors is a
-few hundred milliseconds; the rest is finding each query's best columns in the product
-without reading all of it twice.
+together, by an exact scan, costs its time divided by the queries. On a CPU that multiplies
+bfloat16 natively (Intel AMX; AVX-512 BF16 on AMD Zen 4), a bfloat16 matrix product of 1,000
+queries by a million vectors takes a few hundred milliseconds; the rest is finding each
+query's best columns in the product without reading all of it twice: vecplug's scan,
+``adapters/stores/scan.py`` (its docstring), which the flat store's ``search_batch`` serves.
 
-The scan (:func:`scan`), for vectors kept as two bfloat16 halves ``hi + lo`` (``hi`` the
-vector rounded to bfloat16, ``lo`` what it left: 1,465 MiB for a million 384-d vectors,
-exactly float32's size, so nothing is kept twice):
+Three kinds, each measured in its own turn, every one against ``ann_scale.py``'s exact top 10
+(strict recall: the ids):
 
-1. each query's floor starts just below the ``k``-th best score among the first columns;
-2. per step of columns, ``queries @ hi.T`` in bfloat16, less a shift just under each query's
-   floor, subtracted inside the product before its rounding to bfloat16: the scores that
-   matter are then within ~0.01 of zero, where bfloat16 is fine-grained (6e-5 apart there
-   instead of 0.004 near a cosine of 0.9), and the floor is a small positive number, so a row's
-   entries compare as int16 (which orders bfloat16 numbers above zero as the numbers do):
-   one int16 maximum per query and step says whether the step holds anything above it;
-3. for the queries it does, every column above the floor is a candidate, and the floor rises
-   to just under the new ``k``-th best;
-4. the candidates above the final floors are rescored exactly (``q . (hi + lo)`` in float32:
-   within ~1e-6 of the float32 score) and each query's best ``k`` returned.
-
-The floor is the ``k``-th best approximate score less a slack: twice the error of an
-approximate score (the inputs' rounding to bfloat16, allowed ``INPUT_ERROR``, of which
-``--check`` measures the largest over many pairs, and the product's rounding,
-``PRODUCT_ERROR``). A true top-``k`` document is missed only if its approximate score is
-off by more than the slack; the recall column counts every miss.
-
-``--float32`` runs the same scan in float32 (one copy, no slack) for comparison: what the
-matrix units buy. Recall is against ``ann_scale.py``'s exact top 10 (strict: the ids).
-
-This is a measurement, not a vecplug store: vecplug's stores answer one query at a time
-through a graph (see the README's "Index build and search at scale").
+- ``bfloat16 hi + lo``: the vectors kept as two bfloat16 halves ``hi + lo`` (``hi`` the vector
+  rounded to bfloat16, ``lo`` what it left: float32's size), the scan's floors lowered by a
+  slack measured on the data: twice (``INPUT_ERROR``, or ``CHECK_ROOM`` times what ``--check``
+  measures over many pairs) plus the product's accumulation (``PRODUCT_ERROR``). Not a bound: the
+  recall column counts every miss.
+- ``float32`` (``--float32``): the same scan in float32 (one copy): what the matrix units buy.
+- ``flat store`` (``--store``): vecplug's flat store built from the vectors in a folder under
+  ``--work`` (removed after), opened as a reader and asked ``search_batch``: float32 vectors
+  converted to bfloat16 a step at a time where the CPU multiplies it natively, the slack the
+  bound of ``scan.error_bound`` (no measurement), the records of the hits read from SQLite;
+  what a user of the store gets.
 
 Usage::
 
     python benchmarks/exact_batch.py --work /tmp/benchwork/ann [--batches 1 10 100 1000]
-        [--threads 1 2] [--float32] [--json out.json]
+        [--threads 1 2] [--float32] [--store] [--size N] [--data NAME] [--json out.json]
 
 (``--work``: the folder ``ann_scale.py --work`` wrote, as ``ann_crowding.py`` reads it.)
 """
@@ -49,7 +37,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,35 +47,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ann_scale import K, RowReader, _rss_now, _rss_peak  # noqa: E402
 from bench_common import header_markdown, machine_info, markdown_table, run_main  # noqa: E402
 
-#: columns a step of the scan multiplies (at least): 1,000 queries x 4,096 columns of bfloat16
-#: scores is 8 MB, and the product ran fastest per column at 4,096 here (1,024-16,384 tried)
-CHUNK = 4096
-#: scores a step computes when the batch is smaller (a step's fixed cost, ~0.4 ms, is spread
-#: over more columns): one query reads a million columns in one step
-STEP_SCORES = 4_096_000
-#: the most a score computed from bfloat16-rounded inputs (each entry within 2^-9 of its
+#: the most a score computed from bfloat16-rounded inputs (each entry within 2^-8 of its
 #: float32 value, relatively) may differ from the float32 score, unless ``--check`` measures it
 #: (then: CHECK_ROOM x the largest difference over every query and the rows it reads)
 INPUT_ERROR = 1e-3
 CHECK_ROOM = 1.25
-#: the shifted product's rounding to bfloat16: half a unit in the last place of a score 0.01
-#: above the shift (3.05e-5; the k-th best is ~0.006 above it; 3.09e-5 measured there on
-#: random vectors). A floor raised by a much better step can be set a little higher (2^-9 of its
-#: distance to the shift): the input allowance has room for it
+#: the product's accumulation in float32 (Higham's gamma_384 of unit vectors: 2.3e-5); the
+#: rounding of the shifted product to bfloat16 the scan allows for itself
 PRODUCT_ERROR = 3e-5
 BASE_CHUNK = 20_000
-#: candidates rescored at a time (their rows are gathered in float32)
-RESCORE = 32_768
+#: records upserted into the flat store at a time (``--store``)
+STORE_BATCH = 20_000
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", type=Path, required=True, help="ann_scale.py's work folder")
     p.add_argument("--size", type=int, help="only the data set of this many base vectors")
+    p.add_argument("--data", help="only the data set of these vectors: the file's name given to "
+                                  "ann_scale.py --vectors, or 'synthetic' (its clustered vectors)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 10, 100, 1000],
                    help="queries answered together")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
     p.add_argument("--float32", action="store_true", help="also scan a float32 copy (no bfloat16)")
+    p.add_argument("--store", action="store_true", help="also through vecplug's flat store (search_batch)")
     p.add_argument("--check", type=int, default=20_000, metavar="ROWS",
                    help="measure the bfloat16 inputs' score error on this many base rows (0: skip)")
     p.add_argument("--json", type=Path)
@@ -95,12 +78,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def split(rows: np.ndarray) -> tuple[Any, Any]:
-    """(hi, lo): bfloat16 halves whose sum is ``rows`` within ~2^-17 relatively."""
-    import torch
+    """(hi, lo): bfloat16 halves whose sum is ``rows`` within ~2^-16 relatively (``scan.split``)."""
+    from vecplug.adapters.stores import scan as flat_scan
 
-    x = torch.from_numpy(rows)
-    hi = x.to(torch.bfloat16)
-    return hi, (x - hi.float()).to(torch.bfloat16)
+    return flat_scan.split(rows)
 
 
 def load(base: Path, halves: bool) -> tuple[Any, Any | None]:
@@ -124,108 +105,19 @@ def load(base: Path, halves: bool) -> tuple[Any, Any | None]:
         reader.close()
 
 
-def _ulp(x: Any) -> Any:
-    """A bfloat16 unit in the last place at ``|x|``: 2^(exponent - 7)."""
-    import torch
-
-    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 7)
-
-
-def _padded(rows: Any, values: Any, groups: int, fill: float, width: int = 1) -> tuple[Any, Any]:
-    """``values`` grouped by ``rows`` (sorted, in ``range(groups)``) as the rows of a table at
-    least ``width`` wide, padded with ``fill``: (table, each value's column in it)."""
-    import torch
-
-    counts = torch.bincount(rows, minlength=groups)
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(len(rows)) - starts[rows]
-    table = torch.full((groups, max(width, int(counts.max()) if len(rows) else 0)), fill, dtype=values.dtype)
-    table[rows, slot] = values
-    return table, slot
-
-
 def scan(queries: Any, hi: Any, lo: Any | None, k: int, chunk: int | None = None,
          input_error: float = INPUT_ERROR) -> tuple[Any, Any, dict[str, float]]:
-    """Exact top ``k`` (ids, float32 scores) of every row of ``queries`` (float32, unit) among
-    the rows of ``hi`` (+ ``lo``: bfloat16 halves; ``lo`` None: ``hi`` is float32 and the scan
-    exact as it goes); module docstring. ``input_error``: the most a score of bfloat16-rounded
-    inputs may differ from the float32 score. Also returns counts: candidates per query, share of
-    (query, chunk) pairs read further."""
-    import torch
+    """Exact top ``k`` (ids, float32 scores) of every row of ``queries`` among the rows of ``hi``
+    (+ ``lo``: bfloat16 halves; ``lo`` None: ``hi`` is float32), by vecplug's scan
+    (``stores/scan.py``) with the slack this script allows: ``input_error`` (measured by
+    ``--check``) plus the product's rounding, instead of the store's bound."""
+    from vecplug.adapters.stores import scan as flat_scan
 
-    approximate = lo is not None
-    # how far below the k-th best approximate score a true top-k document can score: twice
-    # (the k-th best is approximate too) an approximate score's error; none in float32
-    slack = 2 * (input_error + PRODUCT_ERROR) if approximate else 0.0
-    B, n = len(queries), len(hi)
-    # fewer queries, longer steps: the same scores a step, fewer steps (each has a fixed cost)
-    chunk = chunk or max(CHUNK, STEP_SCORES // B)
-    q = queries.to(hi.dtype)
-    best = torch.full((B, k), -torch.inf)
-    # a floor from the start: the k-th best of the first CHUNK columns (a lower bound of the
-    # final one); otherwise the first step would admit all its columns as candidates (1,000
-    # queries x 4,096: ~200 MB of them)
-    first = (q @ hi[:CHUNK].T).float()
-    start = torch.full((B,), -torch.inf)
-    if first.shape[1] >= k:
-        start = first.topk(k, dim=1).values[:, -1]
-        start = start - slack
-    del first
-    rows_found, cols_found, values_found = [], [], []
-    read = 0
-    for a in range(0, n, chunk):
-        floor = torch.maximum(best[:, -1] - slack, start)
-        if approximate and bool(torch.isfinite(floor).all()):
-            # the product less a shift just below each query's floor (added inside the product,
-            # before its rounding to bfloat16): the scores that matter are then near zero, where
-            # bfloat16 is fine-grained, and the floor is a small positive number, so the rows
-            # compare as int16 (which orders bfloat16 numbers above zero as the numbers do)
-            shift = (floor - _ulp(floor)).to(torch.bfloat16)
-            S = torch.addmm(-shift[:, None], q, hi[a:a + chunk].T)
-            gap = floor - shift.float()
-            limit = (gap - _ulp(gap)).clamp_min(0).to(torch.bfloat16)
-            hit = (S.view(torch.int16).amax(1) >= limit.view(torch.int16)).nonzero().squeeze(1)
-        else:
-            shift = None
-            S = q @ hi[a:a + chunk].T
-            limit = floor.to(S.dtype)
-            hit = (S.amax(1) >= limit).nonzero().squeeze(1)
-        if not len(hit):
-            continue
-        read += len(hit)
-        sub = S.index_select(0, hit)  # (much faster than S[hit] here)
-        if shift is None:
-            r, c = (sub >= limit[hit, None]).nonzero(as_tuple=True)
-        else:
-            r, c = (sub.view(torch.int16) >= limit[hit, None].view(torch.int16)).nonzero(as_tuple=True)
-        values = sub[r, c].float() + (0 if shift is None else shift[hit[r]].float())
-        # the chunk's candidates join each query's running best k
-        table, _ = _padded(r, values, len(hit), -torch.inf)
-        best[hit] = torch.cat([best[hit], table], 1).topk(k, dim=1).values
-        # what the raised floor no longer admits goes now
-        keep = values >= torch.maximum(best[hit, -1] - slack, start[hit])[r]
-        rows_found.append(hit[r[keep]])
-        cols_found.append(c[keep] + a)
-        values_found.append(values[keep])
-    rows, cols, values = torch.cat(rows_found), torch.cat(cols_found), torch.cat(values_found)
-    # the final thresholds: what an earlier, lower one let in goes
-    keep = values >= torch.maximum(best[:, -1] - slack, start)[rows]
-    rows, cols = rows[keep], cols[keep]
-    order = torch.argsort(rows, stable=True)  # query by query
-    rows, cols = rows[order], cols[order]
-    exact = torch.cat([(queries[rows[i:i + RESCORE]] * _rows(hi, lo, cols[i:i + RESCORE])).sum(1)
-                       for i in range(0, len(rows), RESCORE)])
-    table, slot = _padded(rows, exact, B, -torch.inf, width=k)  # (fewer than k documents: -1s)
-    ids = torch.full(table.shape, -1, dtype=torch.int64)
-    ids[rows, slot] = cols
-    top_s, top_j = table.topk(k, dim=1)
-    stats = {"candidates": len(rows) / B, "read_share": read / (B * -(-n // chunk))}
-    return torch.gather(ids, 1, top_j), top_s, stats
-
-
-def _rows(hi: Any, lo: Any | None, cols: Any) -> Any:
-    """Rows ``cols`` of the base as float32 (``hi + lo``, or ``hi`` itself)."""
-    return hi[cols].float() if lo is None else hi[cols].float() + lo[cols].float()
+    if lo is None:
+        slack = flat_scan.accumulation_bound(queries, 1.0)
+    else:
+        slack = input_error + PRODUCT_ERROR
+    return flat_scan.scan(queries, hi, k, lo=lo, slack=slack, chunk=chunk)
 
 
 def input_error(base: Path, queries: np.ndarray, rows: int) -> float:
@@ -244,28 +136,65 @@ def input_error(base: Path, queries: np.ndarray, rows: int) -> float:
     return float((exact - rounded).abs().max())
 
 
-def measure(queries: np.ndarray, truth: np.ndarray, hi: Any, lo: Any | None, batch: int,
-            input_error: float) -> dict[str, Any]:
-    """Every query answered in batches of ``batch`` (after one warm-up batch): time per query,
+def measure(queries: np.ndarray, truth: np.ndarray, search: Callable[[np.ndarray], tuple[np.ndarray, dict[str, float] | None]],
+            batch: int) -> dict[str, Any]:
+    """Every query answered in batches of ``batch`` by ``search`` (a batch of queries -> their
+    top ``K`` ids, and the scan's counts if known), after one warm-up batch: time per query,
     batch latency p50/p95, strict recall@10."""
+    search(queries[:batch])
+    found = np.zeros((len(queries), K), dtype=np.int64)
+    times, cands, reads = [], [], []
+    for a in range(0, len(queries), batch):
+        t0 = time.perf_counter()
+        ids, stats = search(queries[a:a + batch])
+        times.append(time.perf_counter() - t0)
+        found[a:a + batch] = ids
+        if stats is not None:
+            cands.append(stats["candidates"])
+            reads.append(stats["read_share"])
+    recall = float(np.mean([len(set(f) & set(t)) / K for f, t in zip(found, truth)]))
+    return {"batch": batch, "batches": len(times), "per_query_ms": 1e3 * sum(times) / len(queries),
+            "batch_p50_ms": 1e3 * float(np.percentile(times, 50)),
+            "batch_p95_ms": 1e3 * float(np.percentile(times, 95)), "recall": recall,
+            "candidates": float(np.mean(cands)) if cands else None,
+            "read_share": float(np.mean(reads)) if reads else None}
+
+
+def scanned(hi: Any, lo: Any | None, allowed: float) -> Callable[[np.ndarray], tuple[np.ndarray, dict[str, float]]]:
+    """:func:`measure`'s search by :func:`scan` over ``hi`` (+ ``lo``)."""
     import torch
 
-    Q = torch.from_numpy(queries)
-    scan(Q[:batch], hi, lo, K, input_error=input_error)
-    found = np.zeros((len(Q), K), dtype=np.int64)
-    times, cands, reads = [], [], []
-    for a in range(0, len(Q), batch):
-        t0 = time.perf_counter()
-        ids, _, stats = scan(Q[a:a + batch], hi, lo, K, input_error=input_error)
-        times.append(time.perf_counter() - t0)
-        found[a:a + batch] = ids.numpy()
-        cands.append(stats["candidates"])
-        reads.append(stats["read_share"])
-    recall = float(np.mean([len(set(f) & set(t)) / K for f, t in zip(found, truth)]))
-    return {"batch": batch, "batches": len(times), "per_query_ms": 1e3 * sum(times) / len(Q),
-            "batch_p50_ms": 1e3 * float(np.percentile(times, 50)),
-            "batch_p95_ms": 1e3 * float(np.percentile(times, 95)),
-            "recall": recall, "candidates": float(np.mean(cands)), "read_share": float(np.mean(reads))}
+    def search(queries: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        ids, _, stats = scan(torch.from_numpy(queries), hi, lo, K, input_error=allowed)
+        return ids.numpy(), stats
+    return search
+
+
+def build_flat(base: Path, folder: Path) -> float:
+    """A flat store of the base vectors in ``folder`` (ids: their rows), committed once: seconds."""
+    from vecplug.adapters.stores import Record, get_store_class
+
+    t0 = time.perf_counter()
+    reader = RowReader(base)
+    try:
+        store = get_store_class("flat").create(str(folder), reader.shape[1], {"dim": reader.shape[1]}, {})
+        try:
+            for a, rows in reader.chunks(STORE_BATCH):
+                store.upsert([Record(str(a + i), "", "base", a + i, None) for i in range(len(rows))], rows)
+            store.commit()
+        finally:
+            store.close()
+    finally:
+        reader.close()
+    return time.perf_counter() - t0
+
+
+def stored(store: Any) -> Callable[[np.ndarray], tuple[np.ndarray, None]]:
+    """:func:`measure`'s search by the flat store's ``search_batch`` (records read included)."""
+    def search(queries: np.ndarray) -> tuple[np.ndarray, None]:
+        hits = store.search_batch(queries, K)
+        return np.asarray([[int(h.record.id) for h in row] for row in hits], dtype=np.int64), None
+    return search
 
 
 def _trim() -> None:
@@ -290,8 +219,11 @@ def _reset_peak() -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import gc
+    import shutil
 
     import torch
+
+    from vecplug.adapters.stores import scan as flat_scan
 
     sets = []
     for stats_path in sorted(args.work.glob("stats-*.json")):
@@ -299,62 +231,86 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paths = {name: args.work / f"{name}-{key}.npy" for name in ("base", "queries", "gt")}
         stats = json.loads(stats_path.read_text())
         n = stats["params"]["n"]
-        if not all(p.is_file() for p in paths.values()) or (args.size and n != args.size):
+        vectors = stats["params"].get("vectors")
+        name = Path(vectors[0]).name if vectors else "synthetic"
+        if (not all(p.is_file() for p in paths.values()) or (args.size and n != args.size)
+                or (args.data and name != args.data)):
             continue
         queries = np.load(paths["queries"], allow_pickle=False)
         truth = np.load(paths["gt"], allow_pickle=False)[:, :K]
-        vectors = stats["params"].get("vectors")
         entry: dict[str, Any] = {"key": key, "n": n, "queries": len(queries),
-                                 "data": Path(vectors[0]).name if vectors else "synthetic (clustered)",
+                                 "data": name if vectors else "synthetic (clustered)",
                                  "input_error": input_error(paths["base"], queries, args.check) if args.check else None,
                                  "kinds": []}
         allowed = INPUT_ERROR if entry["input_error"] is None else CHECK_ROOM * entry["input_error"]
         entry["input_error_allowed"] = allowed
-        for halves in [True] + ([False] if args.float32 else []):
+        for kind_name in ["bfloat16 hi + lo"] + (["float32"] if args.float32 else []) + (["flat store"] if args.store else []):
             gc.collect()
             _trim()
+            kind: dict[str, Any] = {"kind": kind_name, "runs": []}
+            folder = args.work / f"flat-store-{key}"
+            if kind_name == "flat store":
+                shutil.rmtree(folder, ignore_errors=True)
+                kind["build_s"] = build_flat(paths["base"], folder)
+                gc.collect()
+                _trim()
             before = _rss_now()
             t0 = time.perf_counter()
-            hi, lo = load(paths["base"], halves)
-            load_s = time.perf_counter() - t0
+            if kind_name == "flat store":
+                from vecplug.adapters.stores import get_store_class
+
+                store = get_store_class("flat").open(str(folder), {})
+                search = stored(store)
+            else:
+                hi, lo = load(paths["base"], kind_name != "float32")
+                search = scanned(hi, lo, allowed)
+            kind["load_s"] = time.perf_counter() - t0
             _trim()
             _reset_peak()
-            kind: dict[str, Any] = {"kind": "bfloat16 hi + lo" if halves else "float32", "load_s": load_s,
-                                    "rss_added": _rss_now() - before, "rss": _rss_now(), "runs": []}
+            kind.update(rss_added=_rss_now() - before, rss=_rss_now())
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 for batch in args.batches:
-                    kind["runs"].append({"threads": threads, **measure(queries, truth, hi, lo, batch, allowed)})
+                    kind["runs"].append({"threads": threads, **measure(queries, truth, search, batch)})
             kind["rss_peak"] = _rss_peak()
             entry["kinds"].append(kind)
-            del hi, lo
+            if kind_name == "flat store":
+                kind["precision"] = store.parameters["precision"]
+                store.close()
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                del hi, lo
+            del search
         sets.append(entry)
     if not sets:
         raise SystemExit(f"error: no ann_scale.py data in {args.work} (stats-*.json with base, queries, gt)")
     return {"benchmark": "exact_batch", "machine": machine_info(), "work": str(args.work),
-            "chunk": CHUNK, "step_scores": STEP_SCORES, "sets": sets}
+            "chunk": flat_scan.CHUNK, "step_scores": flat_scan.STEP_SCORES, "sets": sets}
 
 
 def render(r: dict[str, Any]) -> str:
     mb = 1024 * 1024
     out = [header_markdown("Exact search of a batch of queries at once", r["machine"]), "",
-           f"The scan of `benchmarks/exact_batch.py` (its docstring): steps of {r['step_scores']:,} scores "
-           f"(at least {r['chunk']:,} columns); every query of "
+           f"The scan of `adapters/stores/scan.py` (kinds: `benchmarks/exact_batch.py`'s docstring): steps of "
+           f"{r['step_scores']:,} scores (at least {r['chunk']:,} columns); every query of "
            "`ann_scale.py`'s data answered in batches of the size shown after one warm-up batch; "
-           "recall@10 strict, against the exact top 10. Not a vecplug store.", ""]
+           "recall@10 strict, against the exact top 10.", ""]
     for s in r["sets"]:
         err = s.get("input_error")
         out += [f"{s['data']}: {s['n']:,} base vectors, {s['queries']:,} queries (`{s['key']}`); "
                 + ("" if err is None else f"largest score error of bfloat16 inputs measured {err:.2e}, ")
                 + f"allowed {s['input_error_allowed']:.2e}", ""]
         for kind in s["kinds"]:
-            out += [f"**{kind['kind']}**: loaded in {kind['load_s']:.1f} s, {kind['rss_added'] / mb:,.0f} MB "
+            built = (f"built in {kind['build_s']:.0f} s, searching in {kind['precision']}, "
+                     if "build_s" in kind else "")
+            out += [f"**{kind['kind']}**: {built}loaded in {kind['load_s']:.1f} s, {kind['rss_added'] / mb:,.0f} MB "
                     f"(the process: {kind['rss'] / mb:,.0f} MB after loading, peak {kind['rss_peak'] / mb:,.0f} MB while searching)", "",
                     markdown_table(["threads", "batch", "ms per query", "batch p50 ms", "batch p95 ms", "recall@10",
                                     "candidates per query", "chunks read further"],
                                    [[str(x["threads"]), f"{x['batch']:,}", f"{x['per_query_ms']:.3f}",
                                      f"{x['batch_p50_ms']:.1f}", f"{x['batch_p95_ms']:.1f}", f"{x['recall']:.4f}",
-                                     f"{x['candidates']:.1f}", f"{x['read_share']:.2%}"] for x in kind["runs"]],
+                                     "-" if x["candidates"] is None else f"{x['candidates']:.1f}",
+                                     "-" if x["read_share"] is None else f"{x['read_share']:.2%}"] for x in kind["runs"]],
                                    "rrrrrrrr"), ""]
     return "\n".join(out)
 

@@ -9,7 +9,8 @@
 #              texts are batched, bfloat16 vs float32 in speed and XQuAD-R quality, torch's int8
 #              documents against both, query latency
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
-#              vectors, on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
+#              vectors, and the same searched exactly in batches (the flat store): exact_batch_synthetic.md,
+#              on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
 #              how near-tied their exact top 10 is, and how an exact scan of k-means lists
 #              would fare: ann_crowding_debian.md, what an exact scan of queries in batches costs:
@@ -81,7 +82,10 @@ else
             # embedded Qdrant at 100k only: at 1M its build alone took 21 min and, in one commit,
             # 11.8 GB (results/ann_scale_qdrant_1m.md: ann_scale.py --sizes 1000000 --backends qdrant)
             ann_scale) run ann_scale --sizes $ANN_SIZES --qdrant-sizes 100000 --commit-every 100000 \
-                           --sweep --work "$WORK/ann" ;;
+                           --sweep --work "$WORK/ann"
+                       # the same vectors searched exactly, queries in batches (the flat store's scan)
+                       run_as exact_batch_synthetic exact_batch --work "$WORK/ann" --data synthetic \
+                           --float32 --store ;;
             # real vectors: every distinct Tatoeba sentence encoded by me5-small (~13 min)
             ann_real) "$PYTHON" benchmarks/tatoeba_vectors.py --out "$WORK/tatoeba-me5-small.npy"
                       run_as ann_scale_real ann_scale --vectors "$WORK/tatoeba-me5-small.npy" \
@@ -99,7 +103,8 @@ else
                         # how near-tied its exact top 10 is (the ceiling on strict recall)
                         run_as ann_crowding_debian ann_crowding --work "$WORK/ann" --partitions 1024
                         # the same million scanned exactly, queries in batches (bfloat16, AMX)
-                        run_as exact_batch_debian exact_batch --work "$WORK/ann" --float32
+                        run_as exact_batch_debian exact_batch --work "$WORK/ann" --data debian-1m-me5-small.npy \
+                            --float32 --store
                         # each mode's first stage with the documents' 32 real languages, in the
                         # hnswlib store and in embedded Qdrant
                         run_as modes_scale_debian modes_scale --vectors "$WORK/debian-1m-me5-small.npy" \
@@ -134,6 +139,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
+    reports="${reports/ann_scale /ann_scale exact_batch_synthetic }"
     for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian exact_batch_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred centred_build_debian}; do
         if [[ -f "$out/$name.md" ]]; then
             echo

@@ -38,12 +38,23 @@ def amx_int8() -> bool:
     return _amx_flag("amx_int8")
 
 
-@functools.lru_cache(maxsize=None)
+def bf16_matmul() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AMX, or AVX-512 BF16 as on AMD
+    Zen 4): where the flat store's batch scan multiplies in bfloat16 (2.4x float32's speed on a
+    Zen 4 machine, 3.7x with AMX: README "Read as throughput"), as :func:`amx_bf16` reads it."""
+    return _amx_flag("amx_bf16") or _cpu_flag("avx512_bf16")
+
+
 def _amx_flag(flag: str) -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if isa and isa not in ("ALL", "DEFAULT") and "AMX" not in isa:
+        return False
+    return _cpu_flag(flag)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_flag(flag: str) -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:

@@ -171,6 +171,27 @@ def unit_vectors(n: int, dim: int, seed: int = 0) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
+def crowded_vectors(n: int, dim: int, seed: int, sign: float = 1.0,
+                    queries: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors around one direction (cosines ~0.9 between them: a query's 10th and 11th
+    neighbours differ by less than bfloat16 can tell) and queries like them (``sign`` -1:
+    pointing away, every score negative): what tests of exact scans in bfloat16 need."""
+    rng = np.random.default_rng(seed)
+    mean = rng.standard_normal(dim)
+    mean /= np.linalg.norm(mean)
+    base = mean + 0.35 * rng.standard_normal((n, dim)) / np.sqrt(dim)
+    qs = sign * (mean + 0.35 * rng.standard_normal((queries, dim)) / np.sqrt(dim))
+    unit = [(x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32) for x in (base, qs)]
+    return unit[0], unit[1]
+
+
+def exact_top_k(base: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, scores) of each query's ``k`` best rows of ``base``, computed in float64."""
+    scores = queries.astype(np.float64) @ base.astype(np.float64).T
+    ids = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return ids, np.take_along_axis(scores, ids, 1)
+
+
 # -- the real default model, built from scratch once per session -----------------------
 
 @pytest.fixture(scope="session")
@@ -194,12 +215,14 @@ def server_options() -> dict[str, Any]:
     return {"client": qdrant_client.QdrantClient(location=":memory:"), "collection": "battery"}
 
 
-@pytest.fixture(params=["hnswlib", "hnswlib-centred", "qdrant-embedded", "qdrant-server"])
+@pytest.fixture(params=["hnswlib", "hnswlib-centred", "flat", "qdrant-embedded", "qdrant-server"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type, str, dict[str, Any]]:
     """Each store as (class, location, options): the battery every store passes (hnswlib also
     with its graph of language-centred vectors, whose answers must be the same)."""
     from vecplug.adapters.stores import get_store_class
 
+    if request.param == "flat":
+        return get_store_class("flat"), str(tmp_path / "idx"), {}
     if request.param.startswith("hnswlib"):
         return get_store_class("hnswlib"), str(tmp_path / "idx"), {"centred": True} if request.param.endswith("centred") else {}
     pytest.importorskip("qdrant_edge" if request.param == "qdrant-embedded" else "qdrant_client")

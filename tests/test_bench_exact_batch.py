@@ -8,34 +8,18 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from conftest import crowded_vectors, exact_top_k
+
 #: the script under test, imported by conftest's ``bench`` fixture
 BENCHMARK = "exact_batch"
-
-
-def _crowded(n: int, dim: int, seed: int, sign: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Unit base vectors around one direction (cosines ~0.9 between them, so a query's 10th
-    and 11th neighbours differ by less than bfloat16 can tell) and queries like them
-    (``sign`` -1: pointing away, every score negative)."""
-    rng = np.random.default_rng(seed)
-    mean = rng.standard_normal(dim)
-    base = mean / np.linalg.norm(mean) + 0.35 * rng.standard_normal((n, dim)) / np.sqrt(dim)
-    queries = sign * (mean / np.linalg.norm(mean) + 0.35 * rng.standard_normal((40, dim)) / np.sqrt(dim))
-    unit = [(x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32) for x in (base, queries)]
-    return unit[0], unit[1]
-
-
-def _exact(base: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    scores = queries.astype(np.float64) @ base.astype(np.float64).T
-    ids = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return ids, np.take_along_axis(scores, ids, 1)
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_scan_finds_the_exact_top_k(bench: ModuleType, sign: float) -> None:
     import torch
 
-    base, queries = _crowded(9_000, 64, seed=3, sign=sign)
-    ids, scores = _exact(base, queries, 10)
+    base, queries = crowded_vectors(9_000, 64, seed=3, sign=sign)
+    ids, scores = exact_top_k(base, queries, 10)
     every = queries.astype(np.float64) @ base.T.astype(np.float64)
     gaps = scores[:, 9] - np.sort(every, axis=1)[:, -11]
     assert np.median(gaps) < 2e-3  # crowded: a bfloat16 product could not order them
@@ -65,8 +49,9 @@ def test_halves_are_float32_to_the_last_bits(bench: ModuleType) -> None:
 
 
 def test_a_run_on_ann_scale_data(bench: ModuleType, tmp_path: Path) -> None:
-    """Through main, on what ``ann_scale.py --data-only`` made: every batch size and both
-    kinds find the exact top 10 (strict recall 1.0), and the report says so."""
+    """Through main, on what ``ann_scale.py --data-only`` made: every batch size and every
+    kind (the flat store's search_batch too) find the exact top 10 (strict recall 1.0), and the
+    report says so."""
     import ann_scale
 
     work = tmp_path / "work"
@@ -74,29 +59,32 @@ def test_a_run_on_ann_scale_data(bench: ModuleType, tmp_path: Path) -> None:
                            "--data-only", "--json", str(tmp_path / "ann.json")]) == 0
     out = tmp_path / "out.json"
     assert bench.main(["--work", str(work), "--batches", "1", "7", "--threads", "1", "--float32",
-                       "--check", "500", "--json", str(out)]) == 0
+                       "--store", "--check", "500", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     (s,) = r["sets"]
     assert s["n"] == 5000 and s["queries"] == 30 and s["input_error_allowed"] == pytest.approx(1.25 * s["input_error"])
     assert 0 < s["input_error"] < 0.01
-    assert [k["kind"] for k in s["kinds"]] == ["bfloat16 hi + lo", "float32"]
+    assert [k["kind"] for k in s["kinds"]] == ["bfloat16 hi + lo", "float32", "flat store"]
     runs = [x for k in s["kinds"] for x in k["runs"]]
-    assert [(x["batch"], x["batches"]) for x in runs] == [(1, 30), (7, 5)] * 2
+    assert [(x["batch"], x["batches"]) for x in runs] == [(1, 30), (7, 5)] * 3
     assert all(x["recall"] == 1.0 and x["per_query_ms"] > 0 for x in runs)
-    assert s["kinds"][0]["rss_added"] > 0
+    assert s["kinds"][0]["rss_added"] > 0 and s["kinds"][2]["build_s"] > 0
+    assert not list(work.glob("flat-store-*"))  # the store's folder removed
     text = bench.render(r)
     assert "| threads | batch | ms per query |" in text and "1.0000" in text
     with pytest.raises(SystemExit, match="no ann_scale.py data"):
         bench.main(["--work", str(work), "--size", "123"])
+    with pytest.raises(SystemExit, match="no ann_scale.py data"):
+        bench.main(["--work", str(work), "--data", "debian-1m-me5-small.npy"])
 
 
 def test_fewer_documents_than_k(bench: ModuleType) -> None:
     """Five documents, top 10: all five, best first, then -1s (no error)."""
     import torch
 
-    base, queries = _crowded(5, 16, seed=1)
+    base, queries = crowded_vectors(5, 16, seed=1)
     for hi, lo in (bench.split(base), (torch.from_numpy(base), None)):
         ids, scores, _ = bench.scan(torch.from_numpy(queries[:3]), hi, lo, 10)
-        exact_ids, _ = _exact(base, queries[:3], 5)
+        exact_ids, _ = exact_top_k(base, queries[:3], 5)
         assert (ids[:, :5].numpy() == exact_ids).all() and (ids[:, 5:] == -1).all()
         assert torch.isinf(scores[:, 5:]).all()

@@ -162,7 +162,7 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     return proc
 
 
-@pytest.mark.parametrize("store_name", STORES)
+@pytest.mark.parametrize("store_name", [*STORES, "flat"])  # flat: hnswlib's commits, its own file
 def test_killed_indexer_always_leaves_a_committed_state(tmp_path: Path, store_name: str) -> None:
     """SIGKILL the indexer at random points, 50 times over a changing corpus: every time, the
     index opens as exactly a committed state; resumed to the end, it equals a clean build."""

@@ -9,7 +9,7 @@ import pytest
 
 from vecplug.errors import ConfigError
 from vecplug.indexer import precision
-from vecplug.indexer.precision import _amx_flag, amx_bf16, amx_int8, resolve_precision
+from vecplug.indexer.precision import _cpu_flag, amx_bf16, amx_int8, bf16_matmul, resolve_precision
 
 
 @pytest.fixture
@@ -33,21 +33,18 @@ def test_auto_is_bfloat16_only_with_amx_and_only_for_torch(cpu: dict[str, bool])
 
 
 def test_onednn_limited_below_amx_means_no_amx(monkeypatch: pytest.MonkeyPatch) -> None:
-    _amx_flag.cache_clear()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-    try:
-        assert amx_bf16() is False and amx_int8() is False
-    finally:
-        _amx_flag.cache_clear()
+    assert amx_bf16() is False and amx_int8() is False
 
 
 def test_amx_is_read_from_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The flag line decides (a fake /proc/cpuinfo; x86 assumed)."""
+    """The flag line decides (a fake /proc/cpuinfo; x86 assumed); bfloat16 products are native
+    with AMX or AVX-512 BF16."""
     import builtins
 
     real_open = builtins.open
     answers = {}
-    for flags in ("fpu avx512f avx512_bf16", "fpu avx512f amx_bf16 amx_tile",
+    for flags in ("fpu avx2 fma", "fpu avx512f avx512_bf16", "fpu avx512f amx_bf16 amx_tile",
                   "fpu amx_bf16 amx_tile amx_int8"):
         fake = tmp_path / "cpuinfo"
         fake.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
@@ -55,10 +52,11 @@ def test_amx_is_read_from_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_pat
             fake if path == "/proc/cpuinfo" else path, *a, **k))
         monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-        _amx_flag.cache_clear()
-        answers[flags] = (amx_bf16(), amx_int8())
-    _amx_flag.cache_clear()
-    assert list(answers.values()) == [(False, False), (True, False), (True, True)]
+        _cpu_flag.cache_clear()
+        answers[flags] = (amx_bf16(), amx_int8(), bf16_matmul())
+    _cpu_flag.cache_clear()
+    assert list(answers.values()) == [(False, False, False), (False, False, True), (True, False, True),
+                                      (True, True, True)]
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

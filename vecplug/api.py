@@ -67,7 +67,7 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     ix = settings.index
     name = name or ("qdrant" if ix.url and ix.store == "hnswlib" else ix.store)
     cls = get_store_class(name)
-    if name in ("hnswlib", "qdrant") and not ix.url and ix.collection != DEFAULT_COLLECTION:
+    if name in ("hnswlib", "flat", "qdrant") and not ix.url and ix.collection != DEFAULT_COLLECTION:
         # ignored, two corpora given two collections would merge into the folder's one index
         raise ConfigError(f"index.collection ({ix.collection!r}) names a collection on a Qdrant server "
                           "(index.url); an index folder holds one index: give each its own folder (--index)")
@@ -78,6 +78,8 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
                  "centred": ix.hnsw_centred}
         # "~/idx" from YAML or the environment (no shell expands it) made a folder named "~"
         return cls, os.path.expanduser(ix.path), {key: value for key, value in given.items() if value is not None}
+    if name == "flat":  # exact search: no graph parameters (its batch scan's precision: auto)
+        return cls, os.path.expanduser(ix.path), {}
     options: dict[str, Any] = {"collection": ix.collection}
     if ix.api_key:
         options["api_key"] = ix.api_key
@@ -695,9 +697,15 @@ class Index:
         # (consensus included); the gate reads its margin there, and only the queries it sends
         # on to the reranker are searched again, to the reranker's depth
         gate_first = reranker is not None and gate is not None
-        candidates = [self._first_stage(v, ql, mode, shallow if gate_first else depth, target, means, ef,
-                                        group if gate_first else first_group, single=len(queries) == 1)
-                      for v, ql in zip(vectors, qlangs)]
+        if mode == "xy" and means is None and (group if gate_first else first_group) is None:
+            # the store answers the whole batch (the flat store: one exact scan for them all)
+            from vecplug.adapters.stores.base import search_batch
+
+            candidates = search_batch(self.store, vectors, shallow if gate_first else depth, target, ef)
+        else:
+            candidates = [self._first_stage(v, ql, mode, shallow if gate_first else depth, target, means, ef,
+                                            group if gate_first else first_group, single=len(queries) == 1)
+                          for v, ql in zip(vectors, qlangs)]
         boosts = [s.prefer_boost] * len(queries)
         # None: no reranker asked; False until the reranker has rescored the query's candidates
         reranked: list[bool | None] = [None if reranker is None else False] * len(queries)

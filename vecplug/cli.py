@@ -38,7 +38,7 @@ def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Where the index is: what every command on an index takes."""
     options = [
         click.option("--index", "index_path", metavar="DIR", help="Index folder [default: .vecplug]."),
-        click.option("--store", help="Store: hnswlib (default) or qdrant."),
+        click.option("--store", help="Store: hnswlib (default), flat (exact search; batches by one scan) or qdrant."),
         click.option("--url", help="Qdrant server or cluster URL (uses the qdrant store)."),
         click.option("--collection", help="Qdrant collection [default: vecplug]."),
         click.option("--config", "config_file", type=click.Path(dir_okay=False),

@@ -75,7 +75,7 @@ def _file_code(value: str) -> str | None:
 class IndexSettings:
     #: index folder (hnswlib, embedded Qdrant); ignored for a Qdrant server given by ``url``
     path: str = ".vecplug"
-    #: store name from the registry: hnswlib (default), qdrant, or a plugin's
+    #: store name from the registry: hnswlib (default), flat (exact search), qdrant, or a plugin's
     store: str = "hnswlib"
     #: Qdrant server or cluster URL (implies store qdrant)
     url: str | None = None
@@ -465,8 +465,8 @@ def load_settings(config_file: str | Path | None = None,
                 continue
             if not isinstance(values, Mapping):
                 raise ConfigError(f"{where}: section '{section}' must be a mapping")
-            if section == "index" and "url" not in values and str(values.get("store", "")).strip() == "hnswlib":
-                # a URL means a Qdrant server: a layer above that names hnswlib overrides it
+            if section == "index" and "url" not in values and str(values.get("store", "")).strip() in ("hnswlib", "flat"):
+                # a URL means a Qdrant server: a layer above that names a folder's store overrides it
                 values = {**values, "url": None}
             current = getattr(settings, section)
             settings = dataclasses.replace(settings, **{section: _apply(current, values, f"{where}: {section}")})

@@ -117,6 +117,16 @@ def search(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str
     return store.search(vector, k, langs, ef=ef)
 
 
+def search_batch(store: "VectorStore", vectors: np.ndarray, k: int, langs: Sequence[str] | None = None,
+                 ef: int | None = None) -> list[list[StoreHit]]:
+    """``store.search_batch``; one :func:`search` per query for a plugin's store without it (one
+    that does not subclass :class:`VectorStore`)."""
+    method = getattr(store, "search_batch", None)
+    if method is None:
+        return [search(store, v, k, langs, ef) for v in np.asarray(vectors, dtype=np.float32)]
+    return method(vectors, k, langs, ef=ef)
+
+
 def candidates_per_language(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str],
                             ef: int | None = None,
                             walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
@@ -258,6 +268,13 @@ class VectorStore(ABC):
         ``ef`` is the search-time breadth of an approximate index (HNSW's ef: higher finds
         more of the true neighbours and costs more) for this query only; None keeps the
         store's setting, and a store with no such knob ignores it."""
+
+    def search_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+                     ef: int | None = None) -> list[list[StoreHit]]:
+        """:meth:`search` for each row of ``vectors`` (a ``(queries, dim)`` array), the same
+        ``langs`` and ``ef`` for all. This default asks one query at a time; a store that answers
+        a batch at once for less overrides it (the flat store: one scan for them all)."""
+        return [search(self, v, k, langs, ef) for v in np.asarray(vectors, dtype=np.float32)]
 
     def candidates(self, vector: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
                    ef: int | None = None) -> list[Candidate]:

@@ -148,16 +148,19 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, kind="stable")
 
 
-def _foreign_files(folder: Path) -> list[str]:
+def _foreign_files(folder: Path, marker: str | None = None) -> list[str]:
     """The names in ``folder`` that an hnswlib index in the making would not leave behind
-    (a creation cut short leaves only its lock and temporary files)."""
+    (a creation cut short leaves only its lock and temporary files, and ``marker``: the file
+    naming a store built on this one, :attr:`HnswStore.marker`)."""
     try:
         names = sorted(os.listdir(folder))
     except (FileNotFoundError, NotADirectoryError):
         return []  # not there (yet): making it reports what is in the way
     except OSError as exc:
         raise storage_error(exc, f"cannot read the index folder {folder}") from exc
-    ours = ("writer.lock", STAMP_NAME, "lost+found")  # lost+found: a fresh ext4 mount point
+    ours: tuple[str, ...] = ("writer.lock", STAMP_NAME, "lost+found")  # lost+found: a fresh ext4 mount point
+    if marker:
+        ours += (marker,)
     if DB_NAME in names and _uncommitted(folder / DB_NAME):
         ours += _DB_FILES  # a creation cut short before its first commit: made again
     return [n for n in names if n not in ours and not n.startswith((f".{DB_NAME}.", f".{MANIFEST_NAME}."))]
@@ -279,9 +282,20 @@ def _database_stats(folder: Path) -> dict[str, list[int] | None]:
 
 
 class HnswStore(VectorStore):
-    """hnswlib + SQLite in a folder; see the module docstring for the commit protocol."""
+    """hnswlib + SQLite in a folder; see the module docstring for the commit protocol.
+
+    A store that keeps its vectors another way subclasses this one (``flat.py``): it gives its
+    vectors' class (:meth:`_new_graph`, with the subset of ``hnswlib.Index`` used here), their
+    file's check and suffix, and a marker file that tells its folders from this store's."""
 
     name = "hnswlib"
+    #: the file that marks a folder as a subclass's index (None: this store's, whose folders
+    #: hold no ``.store-*`` file)
+    marker: str | None = None
+    #: the vectors' file: ``vectors-<gen><suffix>``
+    graph_suffix = ".hnsw"
+    #: the options a new index records when not given
+    defaults: dict[str, Any] = HNSW_DEFAULTS
 
     def __init__(self, folder: Path, db: sqlite3.Connection, commit_meta: dict[str, Any],
                  index: Any, writable: bool, lock: WriterLock | None, options: dict[str, Any]) -> None:
@@ -291,7 +305,7 @@ class HnswStore(VectorStore):
         self._index = index
         self._writable = writable
         self._lock = lock
-        self._options = {**HNSW_DEFAULTS, **commit_meta["manifest"].get("store", {}), **options}
+        self._options = {**self.defaults, **commit_meta["manifest"].get("store", {}), **options}
         self._next_label = int(commit_meta["next_label"])
         # the records' checksum column as this connection sees it (NULL before row checksums)
         self._crc = _crc_column(db)
@@ -335,14 +349,24 @@ class HnswStore(VectorStore):
     @classmethod
     def exists(cls, location: str, options: dict[str, Any]) -> bool:
         path = Path(location) / DB_NAME
-        return path.is_file() and not _uncommitted(path)
+        return path.is_file() and not _uncommitted(path) and cls._marked(Path(location))
+
+    @classmethod
+    def _marked(cls, folder: Path) -> bool:
+        """Whether ``folder`` is marked as this class's (a subclass's marker file; none for this one)."""
+        if cls.marker:
+            return (folder / cls.marker).is_file()
+        try:
+            return not any(name.startswith(".store-") for name in os.listdir(folder))
+        except OSError:
+            return True  # unreadable: opening it reports why
 
     @classmethod
     def check_location(cls, location: str, options: dict[str, Any]) -> None:
-        foreign = _foreign_files(Path(location))
+        foreign = _foreign_files(Path(location), cls.marker)
         if foreign:
             # another store's index, or someone's own files: never write over them
-            raise VecplugError(f"{location} is not empty and not a vecplug hnswlib index (it holds "
+            raise VecplugError(f"{location} is not empty and not a vecplug {cls.name} index (it holds "
                                f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
                                "give --index a new or empty folder")
 
@@ -360,7 +384,7 @@ class HnswStore(VectorStore):
         lock = WriterLock(folder)
         lock.acquire()
         try:
-            opts = {**HNSW_DEFAULTS, **options}
+            opts = {**cls.defaults, **options}
             manifest = {**manifest, "dim": dim,
                         "store": {"name": cls.name, "space": "cosine", **opts}}
             tmp_db = folder / f".{DB_NAME}.{os.getpid()}.tmp"
@@ -369,6 +393,11 @@ class HnswStore(VectorStore):
                     for name in _DB_FILES:  # a creation cut short (under the lock: nobody's now)
                         (folder / name).unlink(missing_ok=True)
                 tmp_db.unlink(missing_ok=True)
+                if cls.marker:  # before the database: the folder is never taken for another store's
+                    with open(folder / cls.marker, "w", encoding="ascii") as fh:
+                        fh.write(f"a vecplug {cls.name} index\n")
+                        fh.flush()
+                        os.fsync(fh.fileno())
                 db = sqlite3.connect(tmp_db, isolation_level=None)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.executescript(_SCHEMA)
@@ -545,8 +574,8 @@ class HnswStore(VectorStore):
                                         f"recorded {meta['count']}: the index is damaged")
         return cls._load_graph(folder, meta) if meta["hnsw_file"] else None
 
-    @staticmethod
-    def _full_check(folder: Path, db: sqlite3.Connection, meta: dict[str, Any],
+    @classmethod
+    def _full_check(cls, folder: Path, db: sqlite3.Connection, meta: dict[str, Any],
                     rows: bool = False) -> list[str]:
         """What is wrong with the files, checked in full; ``rows``: every record's checksum too."""
         problems = [f"{DB_NAME}: {r[0]}" for r in db.execute("PRAGMA integrity_check").fetchall()
@@ -560,7 +589,7 @@ class HnswStore(VectorStore):
                                 f"recorded {meta['hnsw_size']}")
             elif meta.get("hnsw_sha256") and file_sha256(path) != meta["hnsw_sha256"]:
                 problems.append(f"{path.name} does not match the checksum of its commit")
-            elif problem := check_graph_file(path, int(meta["manifest"]["dim"])):
+            elif problem := cls._check_graph(path, int(meta["manifest"]["dim"])):
                 problems.append(problem)
         if rows and not problems:
             for row in db.execute(f"SELECT {_COLUMNS}, {_crc_column(db)} FROM records"):
@@ -598,14 +627,24 @@ class HnswStore(VectorStore):
         except OSError:
             pass  # only a cache: the next open checks in full
 
-    @staticmethod
-    def _load_graph(folder: Path, meta: dict[str, Any]) -> Any:
+    @classmethod
+    def _new_graph(cls, dim: int) -> Any:
+        """An empty ``hnswlib.Index`` (cosine as inner product of unit vectors)."""
+        return _hnswlib().Index(space="ip", dim=dim)
+
+    @classmethod
+    def _check_graph(cls, path: Path, dim: int) -> str | None:
+        """What is wrong with the vectors' file at ``path``; None if nothing."""
+        return check_graph_file(path, dim)
+
+    @classmethod
+    def _load_graph(cls, folder: Path, meta: dict[str, Any]) -> Any:
         path = folder / meta["hnsw_file"]
         manifest = meta["manifest"]
-        problem = check_graph_file(path, int(manifest["dim"]))  # cheap; hnswlib would crash
+        problem = cls._check_graph(path, int(manifest["dim"]))  # cheap; hnswlib would crash
         if problem:
             raise CorruptIndexError(f"the index at {folder} is damaged: {problem}")
-        index = _hnswlib().Index(space="ip", dim=int(manifest["dim"]))
+        index = cls._new_graph(int(manifest["dim"]))
         try:
             index.load_index(str(path), max_elements=int(meta.get("capacity", 0)))
         except RuntimeError as exc:
@@ -1076,14 +1115,18 @@ class HnswStore(VectorStore):
         matrix-vector product (or set lookups) instead of a database scan and a copy out of
         the graph.
         """
-        cond, args = _lang_in(langs)
-        # labels past the graph's: records of a commit this reader has not loaded (see _labels)
-        rows = self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE {cond} AND label < ? ORDER BY label",
-                         [*args, self._next_label])
+        rows = self._labels_in(langs)
         labels = np.asarray([r[0] for r in rows], dtype=np.int64)
         if len(labels) > scan_limit(self._index.get_current_count()):
             return labels, frozenset(labels.tolist())
         return labels, np.ascontiguousarray(self._vectors_of(labels.tolist(), [r[1] for r in rows]).T)
+
+    def _labels_in(self, langs: Sequence[str]) -> list[tuple[int, str]]:
+        """(label, language) of the records in ``langs`` that the loaded vectors hold, by label."""
+        cond, args = _lang_in(langs)
+        # labels past the graph's: records of a commit this reader has not loaded (see _labels)
+        return self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE {cond} AND label < ? ORDER BY label",
+                         [*args, self._next_label])
 
     def _hits(self, pairs: list[tuple[int, float]], vectors: np.ndarray | None = None) -> list[StoreHit]:
         if not pairs:
@@ -1104,7 +1147,7 @@ class HnswStore(VectorStore):
 
     def _ensure_graph(self, extra: int) -> None:
         if self._index is None:
-            self._index = _hnswlib().Index(space="ip", dim=self.dim)
+            self._index = self._new_graph(self.dim)
             self._index.init_index(max_elements=max(1024, extra), M=int(self._options["M"]),
                                    ef_construction=int(self._options["ef_construction"]))
             return
@@ -1200,11 +1243,11 @@ class HnswStore(VectorStore):
                     self._compact_if_worn()
                 if self._dirty or meta["hnsw_file"] is None and self._index is not None:
                     gen = int(meta["generation"]) + 1
-                    name = f"vectors-{gen}.hnsw"
+                    name = f"vectors-{gen}{self.graph_suffix}"
                     tmp = self.folder / f".{name}.tmp"
                     try:
                         self._index.save_index(str(tmp))
-                        problem = check_graph_file(tmp, self.dim)
+                        problem = self._check_graph(tmp, self.dim)
                         if problem:  # hnswlib does not report failed writes (full disk)
                             raise StorageError(f"writing the graph failed ({problem}): is the disk "
                                                "full? The last commit is intact")
@@ -1261,7 +1304,7 @@ class HnswStore(VectorStore):
         if deleted < COMPACT_MIN or deleted < COMPACT_SHARE * total:
             return
         labels = [int(row[0]) for row in self._sql("SELECT label FROM records")]
-        fresh = _hnswlib().Index(space="ip", dim=self.dim)
+        fresh = self._new_graph(self.dim)
         fresh.init_index(max_elements=max(1024, 2 * len(labels)), M=int(self._index.M),
                          ef_construction=int(self._index.ef_construction))
         for start in range(0, len(labels), 65536):  # the vectors a part at a time: a large index

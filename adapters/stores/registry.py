@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 BUILTIN_STORES: dict[str, str] = {
     "hnswlib": "vecplug.adapters.stores.hnsw:HnswStore",
+    "flat": "vecplug.adapters.stores.flat:FlatStore",
     "qdrant": "vecplug.adapters.stores.qdrant:QdrantStore",
 }
 ENTRY_POINT_GROUP = "vecplug.stores"

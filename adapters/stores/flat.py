@@ -1,0 +1,202 @@
+"""The flat store: exact search, and batches of queries answered by one scan.
+
+Records, commits, checks and the folder's layout are the hnswlib store's (``hnsw.py``), with
+the graph file replaced by ``vectors-<gen>.flat`` (``flat_index.py``: the float32 vectors,
+nothing else) and a ``.store-flat`` file marking the folder. Every search scores every vector
+(or every vector of the languages asked), so it finds the exact top ``k``, and costs what
+reading the vectors costs: for one query about a graph walk's cost up to ~100,000 vectors,
+tens of milliseconds at a million. It serves in the vectors' size (float32) plus the records.
+
+:meth:`FlatStore.search_batch` answers many queries at once by ``scan.scan``: one product of
+the queries by the vectors, in bfloat16 where the CPU multiplies it natively (AMX, AVX-512
+BF16; option ``precision``), with each query's floor inside the product and the few
+candidates above it rescored in float32: still exact (the slack is a bound, ``scan.
+error_bound``), at a fraction of a millisecond per query in batches of 1,000 at a million
+vectors (README "Read as throughput"). Evaluation, offline labelling and deduplication ask in
+batches; an interactive search asks one query at a time, where the hnswlib store's graph is
+the faster.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vecplug.adapters.stores import scan
+from vecplug.adapters.stores.base import Candidate, StoreHit
+from vecplug.adapters.stores.flat_index import FlatIndex, check_flat_file
+from vecplug.adapters.stores.hnsw import HnswStore
+from vecplug.errors import ConfigError
+
+#: ``precision`` option values of the batch scan: ``auto`` is bfloat16 where the CPU multiplies
+#: it natively (``indexer.precision.bf16_matmul``), else float32
+PRECISIONS = ("auto", "bfloat16", "float32")
+#: queries a batch scan takes at once (more: scanned in groups of this many): the scan holds a
+#: (queries x 4,096) product a step and each query's candidates
+BATCH = 1024
+#: records read at a time (SQLite's bound variables)
+_READ = 500
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A language filter's rows in the flat index, as of its ``version``."""
+
+    labels: np.ndarray
+    rows: np.ndarray
+    version: int
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class FlatStore(HnswStore):
+    """Exact search over float32 vectors + SQLite records, in a folder (module docstring)."""
+
+    name = "flat"
+    marker = ".store-flat"
+    graph_suffix = ".flat"
+    defaults: dict[str, Any] = {"precision": "auto"}
+
+    @classmethod
+    def create(cls, location: str, dim: int, manifest: dict[str, Any], options: dict[str, Any]) -> "FlatStore":
+        unknown = sorted(set(options) - set(cls.defaults))
+        if unknown:
+            raise ConfigError(f"the flat store has no option {', '.join(unknown)} (its options: "
+                              f"{', '.join(cls.defaults)}); it searches exactly, without a graph")
+        _precision(options)
+        return super().create(location, dim, manifest, options)  # type: ignore[return-value]
+
+    @classmethod
+    def _new_graph(cls, dim: int) -> FlatIndex:
+        return FlatIndex(dim)
+
+    @classmethod
+    def _check_graph(cls, path: Path, dim: int) -> str | None:
+        return check_flat_file(path, dim)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The batch scan's precision as set (``auto``: decided per CPU)."""
+        return {"precision": _precision(self._options)}
+
+    def _ensure_graph(self, extra: int) -> None:
+        if self._index is None:
+            self._index = FlatIndex(self.dim)
+            self._index.init_index(max(1024, extra))
+            return
+        need = self._index.get_current_count() + extra
+        if need > self._index.get_max_elements():
+            self._index.resize_index(max(need, 2 * self._index.get_max_elements()))
+
+    def verify(self, rows: bool = True) -> list[str]:
+        """The hnswlib store's checks, and that the vectors are the records' (one each)."""
+        problems = super().verify(rows)
+        if problems:
+            return problems
+        with self._mutex:
+            labels = np.asarray([r[0] for r in self._sql("SELECT label FROM records")], dtype=np.int64)
+            held = 0 if self._index is None else self._index.get_current_count()
+            missing = int((self._index.rows(labels) < 0).sum()) if self._index is not None else len(labels)
+        if missing or held != len(labels):
+            problems.append(f"{self._meta['hnsw_file']}: {held} vectors for {len(labels)} records"
+                            + (f", {missing} records without one" if missing else ""))
+        return problems
+
+    # -- one query ----------------------------------------------------------
+
+    def _knn(self, vector: np.ndarray, k: int, filt: Any, ef: int | None) -> list[tuple[int, float]]:
+        if isinstance(filt, _Rows):
+            rows = self._current_rows(filt)
+        elif filt is None:
+            rows = None
+        else:  # a callable, as the hnswlib store's filters are: the flat index asks it per row
+            labels, dist = self._index.knn_query(vector, k=k, filter=filt)
+            return [(int(lab), 1.0 - float(d)) for lab, d in zip(labels[0], dist[0])]
+        labels, dist = self._index.knn_query(vector, k=k, rows=rows)
+        return [(int(lab), 1.0 - float(d)) for lab, d in zip(labels[0], dist[0])]
+
+    def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
+                                ef: int | None = None,
+                                walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
+        """Each language scanned exactly: walk hints (for graph walks) are not used."""
+        return super().candidates_per_language(vector, k, langs, ef=ef)
+
+    def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, Any]:
+        """The records of ``langs`` as rows of the flat index (no copy of their vectors: a scan
+        of them reads them where they are)."""
+        labels = np.asarray([r[0] for r in self._labels_in(langs)], dtype=np.int64)
+        return labels, _Rows(labels, self._present(self._index.rows(labels)), self._index.version)
+
+    def _filtered_knn(self, vector: np.ndarray, k: int, allowed: Any, ef: int | None) -> list[tuple[int, float]]:
+        return self._knn(vector, min(k, len(allowed)), allowed, ef)
+
+    def _current_rows(self, filt: _Rows) -> np.ndarray:
+        """A filter's rows, found again when the index changed since it was made."""
+        if filt.version == self._index.version:
+            return filt.rows
+        return self._present(self._index.rows(filt.labels))
+
+    @staticmethod
+    def _present(rows: np.ndarray) -> np.ndarray:
+        return rows[rows >= 0]
+
+    # -- many queries -------------------------------------------------------
+
+    def search_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
+                     ef: int | None = None) -> list[list[StoreHit]]:
+        """:meth:`search` for each row of ``vectors``; without ``langs``, all of them by one scan
+        (module docstring), exact as :meth:`search` is; with ``langs``, one query at a time."""
+        if langs:
+            return super().search_batch(vectors, k, langs, ef=ef)
+        import torch
+
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2:
+            raise ValueError(f"search_batch takes a (queries, dim) array, not shape {vectors.shape}")
+        with self._mutex:
+            queries = np.concatenate([self._row(v, "query vector") for v in vectors]) if len(vectors) else vectors
+            if not len(vectors) or self._query_row(queries[0]) is None or k <= 0 or not self._index.get_current_count():
+                return [[] for _ in vectors]
+            index = self._index
+            rows = torch.from_numpy(index.vectors)
+            found: list[list[tuple[int, float]]] = []
+            use_bf16 = _precision(self._options) == "bfloat16"
+            for a in range(0, len(queries), BATCH):
+                Q = torch.from_numpy(np.ascontiguousarray(queries[a:a + BATCH]))
+                slack = (scan.error_bound(Q, index.row_norm, index.residual_norm) if use_bf16
+                         else scan.accumulation_bound(Q, index.row_norm))
+                ids, scores, _ = scan.scan(Q, rows, min(k, len(rows)), bfloat16=use_bf16, slack=slack)
+                labels = index.labels
+                for r_ids, r_scores in zip(ids.numpy(), scores.numpy()):
+                    keep = r_ids >= 0
+                    found.append(list(zip(labels[r_ids[keep]].tolist(), r_scores[keep].tolist())))
+            return self._hits_batch(found)
+
+    def _hits_batch(self, found: list[list[tuple[int, float]]]) -> list[list[StoreHit]]:
+        """Hits (with their vectors) of many queries' (label, score) lists: the records read
+        ``_READ`` labels at a time for them all."""
+        wanted = sorted({lab for pairs in found for lab, _ in pairs})
+        records: dict[int, Any] = {}
+        for i in range(0, len(wanted), _READ):
+            part = wanted[i:i + _READ]
+            records.update(self._records(f"label IN ({','.join('?' * len(part))})", part))
+        present = [lab for lab in wanted if lab in records]
+        vectors = dict(zip(present, self._index.get_items(present))) if present else {}
+        return [[StoreHit(records[lab], score, vectors[lab]) for lab, score in pairs if lab in records]
+                for pairs in found]
+
+
+def _precision(options: dict[str, Any]) -> str:
+    """The batch scan's precision, ``auto`` resolved for this CPU; ConfigError for another value."""
+    value = options.get("precision", "auto")
+    if value not in PRECISIONS:
+        raise ConfigError(f"unknown flat store precision {value!r}; one of: {', '.join(PRECISIONS)}")
+    if value != "auto":
+        return str(value)
+    from vecplug.indexer.precision import bf16_matmul
+
+    return "bfloat16" if bf16_matmul() else "float32"

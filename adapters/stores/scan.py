@@ -1,0 +1,234 @@
+"""Exact top ``k`` of many queries at once: one scan of the vectors for the whole batch.
+
+A batch of queries multiplied by every stored vector is one matrix product, which a CPU's
+matrix units (Intel AMX; AVX-512 BF16 on AMD Zen 4) run several times faster in bfloat16 than
+in float32. What is left is finding each query's best columns in the product without reading
+all of it twice. :func:`scan`:
+
+1. each query's floor starts just below the ``k``-th best score among the first columns;
+2. per step of columns, ``queries @ rows.T`` in bfloat16, less a shift just under each query's
+   floor, subtracted inside the product before its rounding to bfloat16 (``addmm``): the scores
+   that matter are then near zero, where bfloat16 is fine-grained (6e-5 apart instead of 0.004
+   near a cosine of 0.9), and the floor is a small positive number, so a row's entries compare
+   as int16 (which orders bfloat16 numbers above zero as the numbers do): one int16 maximum per
+   query and step says whether the step holds anything above the floor;
+3. for the queries whose step does, every column above the floor is a candidate, and the floor
+   rises to just under the new ``k``-th best;
+4. the candidates above the final floors are rescored exactly in float32 and each query's best
+   ``k`` returned.
+
+The floor is the ``k``-th best approximate score less a slack: twice the most an approximate
+score can differ from the float32 one (the ``k``-th best is approximate too). A true top-``k``
+row is never missed when the slack bounds that error; :func:`error_bound` gives a bound that
+holds for every row of an index (no statistics: the rounding of each stored vector is known).
+In float32 the scan is exact as it goes (the slack covers only the product's order of sums).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+#: columns a step multiplies (at least): 1,000 queries x 4,096 columns of bfloat16 scores is 8
+#: MB, and the product ran fastest per column at 4,096 on the Sapphire Rapids machine of
+#: benchmarks/results/exact_batch_debian.md (1,024-16,384 tried)
+CHUNK = 4096
+#: scores a step computes when the batch is smaller (a step's fixed cost, ~0.4 ms, is spread over
+#: more columns): one query reads a million columns in one step
+STEP_SCORES = 4_096_000
+#: candidates rescored at a time (their rows are gathered in float32)
+RESCORE = 32_768
+#: bfloat16's unit roundoff (8 significant bits): a rounded number is within 2^-8 of the number,
+#: relatively
+BF16_U = 2.0 ** -8
+#: float32's
+F32_U = 2.0 ** -24
+
+
+def split(rows: Any) -> tuple[Any, Any]:
+    """(hi, lo): bfloat16 halves of float32 ``rows`` whose sum is ``rows`` within ~2^-16
+    relatively (``hi`` the rows rounded to bfloat16, ``lo`` what that left, rounded)."""
+    import torch
+
+    x = torch.as_tensor(rows)
+    hi = x.to(torch.bfloat16)
+    return hi, (x - hi.float()).to(torch.bfloat16)
+
+
+def error_bound(queries: Any, row_norm: float, residual_norm: float) -> Any:
+    """For each query, the most ``bfloat16(q) . bfloat16(x)`` accumulated in float32 can differ
+    from ``q . x`` for any stored ``x`` with ``|x| <= row_norm`` and ``|x - bfloat16(x)| <=
+    residual_norm``: ``q.x - q~.x~ = q.(x - x~) + (q - q~).x~``, each term bounded by
+    Cauchy-Schwarz with the norms of what the rounding left (known exactly: no statistics), plus
+    float32's accumulation of ``dim`` products (Higham's gamma_dim)."""
+    import torch
+
+    q = queries.float()
+    q_norm = q.norm(dim=1)
+    q_residual = (q - q.to(torch.bfloat16).float()).norm(dim=1)
+    hi_norm = row_norm * (1 + BF16_U)
+    accumulation = 1.01 * q.shape[1] * F32_U * (q_norm * (1 + BF16_U)) * hi_norm
+    return q_norm * residual_norm + q_residual * hi_norm + accumulation
+
+
+def accumulation_bound(queries: Any, row_norm: float) -> Any:
+    """For each query, the most a float32 product with a stored row of norm at most
+    ``row_norm`` can differ from the rescoring's (float32 sums in another order): Higham's
+    gamma_dim of the two norms, twice over."""
+    return 2.02 * queries.shape[1] * F32_U * queries.float().norm(dim=1) * row_norm
+
+
+@functools.lru_cache(maxsize=8)
+def bias_inside_product(single: bool, dim: int) -> bool:
+    """Whether this torch adds ``addmm``'s bias to a bfloat16 product before rounding it to
+    bfloat16 (oneDNN's kernels do: the scan's fine-grained floors rely on it), for one query
+    (``single``) or many against ``dim``-wide rows. A kernel that rounds first makes the
+    near-floor scores as coarse as the scores: the scan then runs in float32. Checked once per
+    process and shape class, on numbers where the two orders differ: ``1 + 2^-7 + 2^-12 - 1``
+    is exact in bfloat16 only when the product is not rounded before the shift."""
+    import torch
+
+    if dim < 2:
+        return False
+    q = torch.zeros(1 if single else 64, dim, dtype=torch.bfloat16)
+    q[:, :2] = 1.0
+    x = torch.zeros(CHUNK, dim, dtype=torch.bfloat16)
+    x[:, 0] = 1.0 + 2.0 ** -7
+    x[:, 1] = 2.0 ** -12
+    shift = torch.ones(len(q), 1, dtype=torch.bfloat16)
+    return bool((torch.addmm(-shift, q, x.T).float() == 2.0 ** -7 + 2.0 ** -12).all())
+
+
+def _ulp(x: Any) -> Any:
+    """A bfloat16 unit in the last place at ``|x|``: 2^(exponent - 7)."""
+    import torch
+
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 7)
+
+
+def padded(rows: Any, values: Any, groups: int, fill: float, width: int = 1) -> tuple[Any, Any]:
+    """``values`` grouped by ``rows`` (sorted, in ``range(groups)``) as the rows of a table at
+    least ``width`` wide, padded with ``fill``: (table, each value's column in it)."""
+    import torch
+
+    counts = torch.bincount(rows, minlength=groups)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(len(rows)) - starts[rows]
+    table = torch.full((groups, max(width, int(counts.max()) if len(rows) else 0)), fill, dtype=values.dtype)
+    table[rows, slot] = values
+    return table, slot
+
+
+def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bool = False,
+         slack: Any = 0.0, chunk: int | None = None, count: int | None = None) -> tuple[Any, Any, dict[str, float]]:
+    """Exact top ``k`` of every row of ``queries`` (a float32 tensor) among the first ``count``
+    (default: all) of ``rows``: (ids ``(B, k)``, float32 scores best first, counts). Rows ``-1``
+    / ``-inf`` pad a query's answer when there are fewer than ``k`` rows.
+
+    ``rows`` float32: scanned in float32, or with ``bfloat16`` converted a step at a time and
+    multiplied in bfloat16 (candidates are rescored from the float32 rows). ``rows`` bfloat16:
+    ``hi`` of :func:`split`, with ``lo`` for the rescoring. ``slack`` (a number or one per query):
+    the most an approximate score may be off: :func:`error_bound` for bfloat16,
+    :func:`accumulation_bound` for float32 (module docstring). Counts:
+    candidates per query, the share of (query, step) pairs read further."""
+    import torch
+
+    approximate = rows.dtype == torch.bfloat16 or bfloat16
+    if approximate and not bias_inside_product(len(queries) == 1, queries.shape[1]):
+        if rows.dtype == torch.bfloat16:
+            raise RuntimeError("this torch rounds a bfloat16 product before adding addmm's bias: "
+                               "scan float32 rows instead")
+        approximate = False
+    n = len(rows) if count is None else count
+    B = len(queries)
+    if k <= 0 or B == 0:
+        return (torch.empty((B, 0), dtype=torch.int64), torch.empty((B, 0)), {"candidates": 0.0, "read_share": 0.0})
+    # how far below the k-th best approximate score a true top-k row can score: twice (the k-th
+    # best is approximate too) an approximate score's error
+    room = 2 * torch.as_tensor(slack, dtype=torch.float32).expand(B)
+    # fewer queries, longer steps: the same scores a step, fewer steps (each has a fixed cost)
+    chunk = chunk or max(CHUNK, STEP_SCORES // B)
+    q = queries.to(torch.bfloat16) if approximate else queries.float()
+
+    def block(a: int) -> Any:
+        part = rows[a:min(a + chunk, n)]
+        return part.to(torch.bfloat16) if approximate else part.float()
+
+    best = torch.full((B, k), -torch.inf)
+    # a floor from the start: the k-th best of the first columns (a lower bound of the final
+    # one); otherwise the first step would admit all its columns as candidates (1,000 queries x
+    # 4,096: ~200 MB of them)
+    start = torch.full((B,), -torch.inf)
+    if n >= k:
+        first = (q @ block(0)[:CHUNK].T).float()
+        if first.shape[1] >= k:
+            # a bfloat16 product's rounding (2^-8 relatively) taken off: a lower bound still
+            kth = first.topk(k, dim=1).values[:, -1]
+            start = kth - (2 * BF16_U * kth.abs() if approximate else 0) - room
+        del first
+    rows_found, cols_found, values_found = [], [], []
+    read = 0
+    for a in range(0, n, chunk):
+        X = block(a)
+        floor = torch.maximum(best[:, -1] - room, start)
+        if approximate and bool(torch.isfinite(floor).all()):
+            # the product less a shift just below each query's floor, added inside the product
+            # (before its rounding to bfloat16): the scores that matter are then near zero,
+            # where bfloat16 is fine-grained, and the floor is a small positive number, so the
+            # rows compare as int16 (which orders bfloat16 numbers above zero as the numbers do;
+            # rounding is monotonic, so a score at or above the limit stays there)
+            shift = (floor - _ulp(floor)).to(torch.bfloat16)
+            S = torch.addmm(-shift[:, None], q, X.T)
+            gap = floor - shift.float()
+            limit = (gap - _ulp(gap)).clamp_min(0).to(torch.bfloat16)
+            hit = (S.view(torch.int16).amax(1) >= limit.view(torch.int16)).nonzero().squeeze(1)
+        else:
+            shift = None
+            S = q @ X.T
+            limit = floor.to(S.dtype)
+            hit = (S.amax(1) >= limit).nonzero().squeeze(1)
+        if not len(hit):
+            continue
+        read += len(hit)
+        sub = S.index_select(0, hit)  # (much faster than S[hit] here)
+        if shift is None:
+            r, c = (sub >= limit[hit, None]).nonzero(as_tuple=True)
+            values = sub[r, c].float()
+            low = high = values
+        else:
+            r, c = (sub.view(torch.int16) >= limit[hit, None].view(torch.int16)).nonzero(as_tuple=True)
+            shifted = sub[r, c].float()
+            values = shifted + shift[hit[r]].float()
+            # the product rounded to bfloat16 after the shift: within 2^-8 of it, relatively
+            margin = 2 * BF16_U * shifted.abs()
+            low, high = values - margin, values + margin
+        # the step's candidates join each query's running best k (as lower bounds: the floor
+        # must never rise above a true top-k row)
+        table, _ = padded(r, low, len(hit), -torch.inf)
+        best[hit] = torch.cat([best[hit], table], 1).topk(k, dim=1).values
+        # what the raised floor no longer admits goes now
+        keep = high >= torch.maximum(best[hit, -1] - room[hit], start[hit])[r]
+        rows_found.append(hit[r[keep]])
+        cols_found.append(c[keep] + a)
+        values_found.append(high[keep])
+    if not rows_found:
+        return (torch.full((B, k), -1, dtype=torch.int64), torch.full((B, k), -torch.inf),
+                {"candidates": 0.0, "read_share": 0.0})
+    found, cols, values = torch.cat(rows_found), torch.cat(cols_found), torch.cat(values_found)
+    # the final thresholds: what an earlier, lower one let in goes
+    keep = values >= torch.maximum(best[:, -1] - room, start)[found]
+    found, cols = found[keep], cols[keep]
+    order = torch.argsort(found, stable=True)  # query by query
+    found, cols = found[order], cols[order]
+    exact = torch.cat([(queries[found[i:i + RESCORE]].float() * _rows(rows, lo, cols[i:i + RESCORE])).sum(1)
+                       for i in range(0, len(found), RESCORE)]) if len(found) else torch.empty(0)
+    table, slot = padded(found, exact, B, -torch.inf, width=k)
+    ids = torch.full(table.shape, -1, dtype=torch.int64)
+    ids[found, slot] = cols
+    top_s, top_j = table.topk(k, dim=1)
+    stats = {"candidates": len(found) / B, "read_share": read / (B * -(-n // chunk))}
+    return torch.gather(ids, 1, top_j), top_s, stats
+
+
+def _rows(rows: Any, lo: Any | None, cols: Any) -> Any:
+    """Rows ``cols`` as float32 (``hi + lo`` of bfloat16 halves, or the rows themselves)."""
+    return rows[cols].float() if lo is None else rows[cols].float() + lo[cols].float()

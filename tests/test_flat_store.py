@@ -1,0 +1,334 @@
+"""The flat store (exact search; batches answered by one scan) and its scan (stores/scan.py).
+
+The store battery (test_stores.py, conftest's ``target``) runs over the flat store too; these
+are what only it does."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import FakeEncoder, crowded_vectors, exact_top_k, unit_vectors
+
+DIM = 48
+
+
+def _bounds(Q: Any, X: Any) -> tuple[Any, Any]:
+    from vecplug.adapters.stores import scan
+    from vecplug.adapters.stores.flat_index import residual_norms
+
+    norm, residual = residual_norms(X.numpy())
+    return scan.error_bound(Q, norm, residual), scan.accumulation_bound(Q, norm)
+
+
+# -- the scan -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_scan_finds_the_exact_top_k_with_its_bound(sign: float) -> None:
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    base, queries = crowded_vectors(9_000, 64, seed=3, sign=sign)
+    ids, scores = exact_top_k(base, queries, 10)
+    every = queries.astype(np.float64) @ base.T.astype(np.float64)
+    gaps = scores[:, 9] - np.sort(every, axis=1)[:, -11]
+    assert np.median(gaps) < 2e-3  # crowded: a bfloat16 product could not order them
+    Q, X = torch.from_numpy(queries), torch.from_numpy(base)
+    bf16_slack, f32_slack = _bounds(Q, X)
+    hi, lo = scan.split(X)
+    for rows, kw in [(X, {"bfloat16": True, "slack": bf16_slack}), (X, {"slack": f32_slack}),
+                     (hi, {"lo": lo, "slack": bf16_slack})]:
+        for chunk in (4096, 1000, None):  # the last step partial; many steps, with raised floors
+            found, found_scores, stats = scan.scan(Q, rows, 10, chunk=chunk, **kw)
+            assert [set(r) for r in found.numpy()] == [set(r) for r in ids]
+            # scored exactly (float32; hi + lo within ~2^-16), best first
+            assert np.abs(found_scores.numpy() - scores).max() < 1e-5
+            assert (np.diff(found_scores.numpy(), axis=1) <= 0).all()
+            assert 10 <= stats["candidates"] < 400 and 0 < stats["read_share"] <= 1
+
+
+def test_without_its_slack_the_bfloat16_scan_misses() -> None:
+    """The data above needs the slack: a scan without one loses true top-10 rows (what makes
+    the test above a test of the bound)."""
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    base, queries = crowded_vectors(9_000, 64, seed=3)
+    ids, _ = exact_top_k(base, queries, 10)
+    found, _, _ = scan.scan(torch.from_numpy(queries), torch.from_numpy(base), 10, bfloat16=True, slack=0.0)
+    assert [set(r) for r in found.numpy()] != [set(r) for r in ids]
+
+
+def test_the_error_bound_bounds_every_pair() -> None:
+    """|bfloat16 product - float32 product| <= error_bound for every query and row, on vectors
+    with large and small entries; and it is a bound of the right size (within 20x the largest
+    error seen), not a blanket one."""
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((5_000, 384)).astype(np.float32) * rng.uniform(0.1, 3, 384).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Q = torch.from_numpy(X[:200] + 0.3 * rng.standard_normal((200, 384)).astype(np.float32))
+    Xt = torch.from_numpy(X)
+    bound, _ = _bounds(Q, Xt)
+    exact = Q.double() @ Xt.double().T
+    rounded = Q.to(torch.bfloat16).float() @ Xt.to(torch.bfloat16).float().T
+    err = (rounded.double() - exact).abs().amax(1)
+    assert (err <= bound.double()).all()
+    assert (bound.double() < 20 * err).all()
+
+
+def test_the_scan_pads_when_there_are_fewer_rows_than_k_and_reads_only_count() -> None:
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    base = unit_vectors(30, DIM, seed=2)
+    Q = torch.from_numpy(unit_vectors(3, DIM, seed=3))
+    X = torch.from_numpy(base)
+    bf16_slack, _ = _bounds(Q, X)
+    ids, scores, _ = scan.scan(Q, X, 10, bfloat16=True, slack=bf16_slack, count=6)
+    want, want_scores = exact_top_k(base[:6], Q.numpy(), 6)
+    assert (ids[:, 6:] == -1).all() and torch.isinf(scores[:, 6:]).all()
+    assert [set(r) for r in ids[:, :6].numpy()] == [set(r) for r in want]
+    np.testing.assert_allclose(scores[:, :6].numpy(), want_scores, atol=1e-6)
+
+
+def test_a_torch_that_rounds_before_the_shift_makes_the_scan_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fine-grained floors need addmm's bias added before the product's rounding; a kernel
+    that rounds first is found by the probe, and the scan runs in float32 (still exact)."""
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    assert scan.bias_inside_product(False, 384)  # oneDNN's kernels, as torch ships them
+    real = torch.addmm
+
+    def rounding_first(bias: Any, a: Any, b: Any) -> Any:
+        return real(bias, a, b) if a.dtype != torch.bfloat16 else (a @ b) + bias
+
+    monkeypatch.setattr(torch, "addmm", rounding_first)
+    scan.bias_inside_product.cache_clear()
+    try:
+        assert not scan.bias_inside_product(False, 384)
+        base, queries = crowded_vectors(5_000, 64, seed=4)
+        ids, _ = exact_top_k(base, queries, 10)
+        Q, X = torch.from_numpy(queries), torch.from_numpy(base)
+        found, _, stats = scan.scan(Q, X, 10, bfloat16=True, slack=_bounds(Q, X)[0])
+        assert [set(r) for r in found.numpy()] == [set(r) for r in ids]
+    finally:
+        scan.bias_inside_product.cache_clear()
+
+
+# -- the flat index and its file -----------------------------------------------------
+
+def test_flat_index_adds_replaces_deletes_and_round_trips(tmp_path: Path) -> None:
+    from vecplug.adapters.stores.flat_index import FlatIndex, check_flat_file
+
+    vecs = unit_vectors(50, DIM, seed=5)
+    index = FlatIndex(DIM)
+    index.init_index(8)
+    index.add_items(vecs[:40], np.arange(40))
+    index.add_items(vecs[40:], np.arange(100, 110))  # grows past its room
+    index.add_items(vecs[:1], [7])  # replaces label 7's vector
+    index.mark_deleted(3)
+    index.mark_deleted(109)  # the last row
+    with pytest.raises(RuntimeError):
+        index.mark_deleted(3)
+    with pytest.raises(RuntimeError):
+        index.get_items([3])
+    assert index.get_current_count() == 48
+    assert sorted(index.labels.tolist()) == sorted(set(range(40)) - {3} | set(range(100, 109)))
+    np.testing.assert_array_equal(index.get_items([7, 39, 108]), np.stack([vecs[0], vecs[39], vecs[48]]))
+    labels, dist = index.knn_query(vecs[39], k=2)
+    assert labels[0, 0] == 39 and abs(dist[0, 0]) < 1e-6
+    path = tmp_path / "v.flat"
+    index.save_index(str(path))
+    assert check_flat_file(path, DIM) is None
+    again = FlatIndex(DIM)
+    again.load_index(str(path))
+    np.testing.assert_array_equal(again.vectors, index.vectors)
+    np.testing.assert_array_equal(again.labels, index.labels)
+    assert (again.row_norm, again.residual_norm) == (index.row_norm, index.residual_norm) and index.residual_norm > 0
+    np.testing.assert_array_equal(again.get_items([108, 7]), index.get_items([108, 7]))
+    # damage is named
+    assert "holds 48-d" in check_flat_file(path, 32)
+    data = path.read_bytes()
+    path.write_bytes(data[:-4])
+    assert "header says" in check_flat_file(path, DIM)
+    path.write_bytes(b"XXXXXXXX" + data[8:])
+    assert "not a vecplug flat" in check_flat_file(path, DIM)
+
+
+# -- the store ----------------------------------------------------------------------
+
+def _records(n: int, langs: tuple[str, ...] = ("en", "de", "fr")) -> list[Any]:
+    from vecplug.adapters.stores import Record
+
+    return [Record(f"d{i}", f"text {i}", "src", i, langs[i % len(langs)], {"i": i}) for i in range(n)]
+
+
+def test_search_batch_is_the_exact_search_of_each_query(tmp_path: Path) -> None:
+    from vecplug.adapters.stores import get_store_class
+
+    base, queries = crowded_vectors(6_000, DIM, seed=7, queries=30)
+    store = get_store_class("flat").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        store.upsert(_records(6_000), base)
+        store.commit()
+        gone = [f"d{i}" for i in range(0, 6_000, 7)]
+        store.delete(gone)
+        base[1] = queries[0]  # d1 now the first query itself
+        store.upsert(_records(2)[1:], base[1:2])
+        store.commit()
+        live = np.asarray(sorted(set(range(6_000)) - {int(g[1:]) for g in gone}))
+        want, want_scores = exact_top_k(base[live], queries, 10)
+        for precision in ("bfloat16", "float32"):
+            store._options["precision"] = precision
+            got = store.search_batch(queries, 10)
+            assert [[h.record.id for h in hits] for hits in got] == [[f"d{live[j]}" for j in row] for row in want]
+            np.testing.assert_allclose([[h.score for h in hits] for hits in got], want_scores, atol=1e-5)
+            assert got[0][0].record.id == "d1" and got[0][0].record.payload == {"i": 1}
+            np.testing.assert_array_equal(got[0][0].vector, base[1])
+        # the same as one query at a time, and with languages: one at a time
+        one = [store.search(q, 10) for q in queries[:5]]
+        assert [[h.record.id for h in hits] for hits in one] == [[h.record.id for h in hits] for hits in got[:5]]
+        de = store.search_batch(queries[:5], 4, ["de"])
+        assert all(h.record.lang == "de" for hits in de for h in hits)
+        assert [[h.record.id for h in hits] for hits in de] == [
+            [h.record.id for h in store.search(q, 4, ["de"])] for q in queries[:5]]
+        assert [len(hits) for hits in store.search_batch(queries[:2], 10_000)] == [len(live)] * 2
+    finally:
+        store.close()
+
+
+def test_an_empty_flat_store_and_wrong_queries(tmp_path: Path) -> None:
+    from vecplug.adapters.stores import get_store_class
+    from vecplug.errors import ModelMismatchError
+
+    store = get_store_class("flat").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        assert store.search_batch(unit_vectors(3, DIM), 5) == [[], [], []]
+        store.upsert(_records(3), unit_vectors(3, DIM))
+        store.commit()
+        assert [len(h) for h in store.search_batch(unit_vectors(2, DIM), 5)] == [3, 3]
+        with pytest.raises(ModelMismatchError, match="dimension 16"):
+            store.search_batch(unit_vectors(2, 16), 5)
+    finally:
+        store.close()
+
+
+def test_a_flat_folder_is_the_flat_store_s_alone(tmp_path: Path) -> None:
+    """A marker tells the two stores' folders apart: hnswlib does not take a flat index for its
+    own (nor write into its folder), Index.open finds the store a folder was made with, and the
+    flat store refuses graph options."""
+    from vecplug.api import settings_for
+    from vecplug.adapters.stores import get_store_class
+    from vecplug.api import Index
+    from vecplug.errors import ConfigError, VecplugError
+
+    folder = str(tmp_path / "idx")
+    flat, hnsw = get_store_class("flat"), get_store_class("hnswlib")
+    with pytest.raises(ConfigError, match="no option M"):
+        flat.create(folder, DIM, {"dim": DIM}, {"M": 32})
+    store = flat.create(folder, DIM, {"dim": DIM, **FakeEncoder(DIM).describe()}, {})
+    store.upsert(_records(4), unit_vectors(4, DIM))
+    store.commit()
+    store.close()
+    assert flat.exists(folder, {}) and not hnsw.exists(folder, {})
+    with pytest.raises(VecplugError, match="not a vecplug hnswlib index"):
+        hnsw.create(folder, DIM, {"dim": DIM}, {})
+    index = Index.open(settings_for(index={"path": folder}))  # store: hnswlib by default
+    try:
+        assert index.store.name == "flat" and index.store.count() == 4
+    finally:
+        index.close()
+    other = str(tmp_path / "graph")
+    hnsw.create(other, DIM, {"dim": DIM}, {}).close()
+    assert hnsw.exists(other, {}) and not flat.exists(other, {})
+    with pytest.raises(VecplugError, match="not a vecplug flat index"):
+        flat.create(other, DIM, {"dim": DIM}, {})
+
+
+def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Index.search_batch hands a pooled batch without the bias correction to the store in one
+    call, and its answers are those of Index.search, query by query; with the correction on,
+    each query is searched on its own."""
+    from vecplug.api import settings_for
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import flat
+    from vecplug.api import Index
+
+    encoder = FakeEncoder(16)
+    encoder.query = None  # nothing to load before a search
+    texts = [f"word{i % 50} other{i % 7} thing{i % 13}" for i in range(400)]
+    records = [r.__class__(r.id, texts[i], r.source, r.position, r.lang, r.payload) for i, r in enumerate(_records(400))]
+    store = flat.FlatStore.create(str(tmp_path / "idx"), 16, {**encoder.describe(), "debias": True}, {})
+    vectors = encoder.encode_documents(texts)
+    store.upsert(records, vectors)
+    stats = LanguageStats(16)
+    stats.add([r.lang for r in records], vectors)
+    store.commit(stats.to_manifest())
+    calls = []
+    real = flat.FlatStore.search_batch
+    monkeypatch.setattr(flat.FlatStore, "search_batch",
+                        lambda self, *a, **kw: calls.append(len(a[0])) or real(self, *a, **kw))
+    index = Index(settings_for(index={"path": str(tmp_path / "idx"), "store": "flat"}), store, writable=False)
+    index._encoder, index._detector = encoder, object()
+    try:
+        queries = ["word3 thing5", "other2 word7", "thing1", "word49 other6 thing12"]
+        batch = index.search_batch(queries, 5, langs=["en"] * 4, debias=False)
+        assert calls == [4]
+        singles = [index.search(q, 5, lang="en", debias=False) for q in queries]
+        assert [[h.id for h in r] for r in batch] == [[h.id for h in r] for r in singles]
+        assert all(len(r) == 5 for r in batch)
+        calls.clear()
+        index.search_batch(queries, 5, langs=["en"] * 4)  # corrected: language by language
+        assert calls == []
+    finally:
+        index.close()
+
+
+def test_cli_indexes_into_a_flat_store_and_searches_it(tmp_path: Path, tiny_model: Path) -> None:
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the quick brown fox\n\nslow green turtles walk\n", encoding="utf-8")
+    (corpus / "b.txt").write_text("a lazy dog sleeps\n", encoding="utf-8")
+    folder = str(tmp_path / "idx")
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        result = runner.invoke(cli, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    run("index", str(corpus), "--index", folder, "--store", "flat", "--model", str(tiny_model), "--lang", "en", "-q")
+    assert (tmp_path / "idx" / ".store-flat").is_file() and not list((tmp_path / "idx").glob("*.hnsw"))
+    # the folder's store is found whatever --store says (hnswlib by default)
+    assert "a lazy dog sleeps" in run("search", "a lazy dog sleeps", "--index", folder, "-k", "1",
+                                      "--model", str(tiny_model), "--lang", "en", "--no-debias")
+    assert "(flat)" in run("info", "--index", folder)
+
+
+def test_verify_finds_records_without_vectors(tmp_path: Path) -> None:
+    from vecplug.adapters.stores import get_store_class
+
+    store = get_store_class("flat").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        store.upsert(_records(5), unit_vectors(5, DIM))
+        store.commit()
+        assert store.verify() == []
+        store._index.mark_deleted(2)  # a vector lost, its record kept
+        assert store.verify() == ["vectors-1.flat: 4 vectors for 5 records, 1 records without one"]
+    finally:
+        store.close()
