@@ -174,10 +174,15 @@ def _records(n: int, langs: tuple[str, ...] = ("en", "de", "fr")) -> list[Any]:
     return [Record(f"d{i}", f"text {i}", "src", i, langs[i % len(langs)], {"i": i}) for i in range(n)]
 
 
-def test_search_batch_is_the_exact_search_of_each_query(tmp_path: Path) -> None:
-    from vecplug.adapters.stores import get_store_class
+def test_search_batch_is_the_exact_search_of_each_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact in bfloat16 (a batch large enough) and in float32, with deletes and a replaced
+    vector; a small batch is multiplied in float32 whatever the precision."""
+    from vecplug.adapters.stores import get_store_class, scan
 
-    base, queries = crowded_vectors(6_000, DIM, seed=7, queries=30)
+    in_bf16 = []
+    real_scan = scan.scan
+    monkeypatch.setattr(scan, "scan", lambda *a, **kw: in_bf16.append(kw["bfloat16"]) or real_scan(*a, **kw))
+    base, queries = crowded_vectors(6_000, DIM, seed=7, queries=scan.BF16_MIN_QUERIES + 6)
     store = get_store_class("flat").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
     try:
         store.upsert(_records(6_000), base)
@@ -196,6 +201,10 @@ def test_search_batch_is_the_exact_search_of_each_query(tmp_path: Path) -> None:
             np.testing.assert_allclose([[h.score for h in hits] for hits in got], want_scores, atol=1e-5)
             assert got[0][0].record.id == "d1" and got[0][0].record.payload == {"i": 1}
             np.testing.assert_array_equal(got[0][0].vector, base[1])
+        assert in_bf16 == [True, False]
+        store._options["precision"] = "bfloat16"
+        store.search_batch(queries[:scan.BF16_MIN_QUERIES - 1], 10)
+        assert in_bf16[-1] is False
         # the same as one query at a time, and with languages: one at a time
         one = [store.search(q, 10) for q in queries[:5]]
         assert [[h.record.id for h in hits] for hits in one] == [[h.record.id for h in hits] for hits in got[:5]]

@@ -9,7 +9,8 @@ tens of milliseconds at a million. It serves in the vectors' size (float32) plus
 
 :meth:`FlatStore.search_batch` answers many queries at once by ``scan.scan``: one product of
 the queries by the vectors, in bfloat16 where the CPU multiplies it natively (AMX, AVX-512
-BF16; option ``precision``), with each query's floor inside the product and the few
+BF16; option ``precision``) and the batch is large enough to pay for converting the vectors a
+step at a time (``scan.BF16_MIN_QUERIES``; fewer queries are multiplied in float32), with each query's floor inside the product and the few
 candidates above it rescored in float32: still exact (the slack is a bound, ``scan.
 error_bound``), at a fraction of a millisecond per query in batches of 1,000 at a million
 vectors (README "Read as throughput"). Evaluation, offline labelling and deduplication ask in
@@ -164,9 +165,11 @@ class FlatStore(HnswStore):
             index = self._index
             rows = torch.from_numpy(index.vectors)
             found: list[list[tuple[int, float]]] = []
-            use_bf16 = _precision(self._options) == "bfloat16"
+            precision = _precision(self._options)
             for a in range(0, len(queries), BATCH):
                 Q = torch.from_numpy(np.ascontiguousarray(queries[a:a + BATCH]))
+                # a few queries: reading the rows is the cost, and converting them would add to it
+                use_bf16 = precision == "bfloat16" and len(Q) >= scan.BF16_MIN_QUERIES
                 slack = (scan.error_bound(Q, index.row_norm, index.residual_norm) if use_bf16
                          else scan.accumulation_bound(Q, index.row_norm))
                 ids, scores, _ = scan.scan(Q, rows, min(k, len(rows)), bfloat16=use_bf16, slack=slack)

@@ -35,6 +35,15 @@ CHUNK = 4096
 #: scores a step computes when the batch is smaller (a step's fixed cost, ~0.4 ms, is spread over
 #: more columns): one query reads a million columns in one step
 STEP_SCORES = 4_096_000
+#: the most float32 rows a step converts to bfloat16 (each step's copy: 12 MB of 384-d rows):
+#: a batch of one would otherwise convert the whole index at once
+CONVERT_ROWS = 16_384
+#: the fewest queries a scan of float32 rows converts to bfloat16 for: below, the product is
+#: bound by reading the rows, and converting them costs more than multiplying them in float32
+#: (a million rows on a Zen 4 machine, one thread: 10 queries 32 ms a query in float32, 77
+#: converted; 100 queries 12 against 7; benchmarks/results/exact_batch_synthetic.md before the
+#: cut, commit b460df9)
+BF16_MIN_QUERIES = 64
 #: candidates rescored at a time (their rows are gathered in float32)
 RESCORE = 32_768
 #: bfloat16's unit roundoff (8 significant bits): a rounded number is within 2^-8 of the number,
@@ -147,6 +156,8 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
     room = 2 * torch.as_tensor(slack, dtype=torch.float32).expand(B)
     # fewer queries, longer steps: the same scores a step, fewer steps (each has a fixed cost)
     chunk = chunk or max(CHUNK, STEP_SCORES // B)
+    if approximate and rows.dtype != torch.bfloat16:
+        chunk = min(chunk, CONVERT_ROWS)
     q = queries.to(torch.bfloat16) if approximate else queries.float()
 
     def block(a: int) -> Any:
