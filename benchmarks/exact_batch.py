@@ -276,6 +276,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             entry["kinds"].append(kind)
             if kind_name == "flat store":
                 kind["precision"] = store.parameters["precision"]
+                kind["bf16_min_queries"] = flat_scan.BF16_MIN_QUERIES
                 store.close()
                 shutil.rmtree(folder, ignore_errors=True)
             else:
@@ -301,7 +302,9 @@ def render(r: dict[str, Any]) -> str:
                 + ("" if err is None else f"largest score error of bfloat16 inputs measured {err:.2e}, ")
                 + f"allowed {s['input_error_allowed']:.2e}", ""]
         for kind in s["kinds"]:
-            built = (f"built in {kind['build_s']:.0f} s, searching in {kind['precision']}, "
+            # (the first runs' JSON has no bf16_min_queries: 64 then)
+            built = (f"built in {kind['build_s']:.0f} s, its precision {kind['precision']} (batches of fewer than "
+                     f"{kind.get('bf16_min_queries', 64)} queries multiplied in float32), "
                      if "build_s" in kind else "")
             out += [f"**{kind['kind']}**: {built}loaded in {kind['load_s']:.1f} s, {kind['rss_added'] / mb:,.0f} MB "
                     f"(the process: {kind['rss'] / mb:,.0f} MB after loading, peak {kind['rss_peak'] / mb:,.0f} MB while searching)", "",

@@ -40,9 +40,9 @@ STEP_SCORES = 4_096_000
 CONVERT_ROWS = 16_384
 #: the fewest queries a scan of float32 rows converts to bfloat16 for: below, the product is
 #: bound by reading the rows, and converting them costs more than multiplying them in float32
-#: (a million rows on a Zen 4 machine, one thread: 10 queries 32 ms a query in float32, 77
-#: converted; 100 queries 12 against 7; benchmarks/results/exact_batch_synthetic.md before the
-#: cut, commit b460df9)
+#: (``benchmarks/exact_batch.py --store`` at commit b460df9, which converted for every batch,
+#: a million rows on a Zen 4 machine, one thread: 10 queries 77 ms a query against 32 in float32,
+#: 100 queries 7.3 against 12.1, one query 0.97 s against 0.15)
 BF16_MIN_QUERIES = 64
 #: candidates rescored at a time (their rows are gathered in float32)
 RESCORE = 32_768
