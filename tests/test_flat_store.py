@@ -338,6 +338,6 @@ def test_verify_finds_records_without_vectors(tmp_path: Path) -> None:
         store.commit()
         assert store.verify() == []
         store._index.mark_deleted(2)  # a vector lost, its record kept
-        assert store.verify() == ["vectors-1.flat: 4 vectors for 5 records, 1 records without one"]
+        assert store.verify() == ["vectors-1.flat: 4 vectors for 5 records (1 of them without one)"]
     finally:
         store.close()

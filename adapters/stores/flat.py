@@ -4,18 +4,19 @@ Records, commits, checks and the folder's layout are the hnswlib store's (``hnsw
 the graph file replaced by ``vectors-<gen>.flat`` (``flat_index.py``: the float32 vectors,
 nothing else) and a ``.store-flat`` file marking the folder. Every search scores every vector
 (or every vector of the languages asked), so it finds the exact top ``k``, and costs what
-reading the vectors costs: for one query about a graph walk's cost up to ~100,000 vectors,
-tens of milliseconds at a million. It serves in the vectors' size (float32) plus the records.
+reading the vectors costs: ~150 ms for one query at a million vectors on the Zen 4 machine of
+the README's "Read as throughput" (a graph walk: about a millisecond). It serves in the
+vectors' size (float32) plus the records.
 
 :meth:`FlatStore.search_batch` answers many queries at once by ``scan.scan``: one product of
 the queries by the vectors, in bfloat16 where the CPU multiplies it natively (AMX, AVX-512
 BF16; option ``precision``) and the batch is large enough to pay for converting the vectors a
-step at a time (``scan.BF16_MIN_QUERIES``; fewer queries are multiplied in float32), with each query's floor inside the product and the few
-candidates above it rescored in float32: still exact (the slack is a bound, ``scan.
-error_bound``), at a fraction of a millisecond per query in batches of 1,000 at a million
-vectors (README "Read as throughput"). Evaluation, offline labelling and deduplication ask in
-batches; an interactive search asks one query at a time, where the hnswlib store's graph is
-the faster.
+step at a time (``scan.BF16_MIN_QUERIES``; fewer queries are multiplied in float32), with
+each query's floor inside the product and the few candidates above it rescored in float32:
+still exact (the slack is a bound, ``scan.error_bound``). In batches of 1,000 at a million
+vectors: 2.9 ms a query on that Zen 4 machine; the bare scan took 0.71 ms on one with AMX.
+Evaluation, offline labelling and deduplication ask in batches; an interactive search asks
+one query at a time, where the hnswlib store's graph is the faster.
 """
 from __future__ import annotations
 
@@ -104,20 +105,16 @@ class FlatStore(HnswStore):
             missing = int((self._index.rows(labels) < 0).sum()) if self._index is not None else len(labels)
         if missing or held != len(labels):
             problems.append(f"{self._meta['hnsw_file']}: {held} vectors for {len(labels)} records"
-                            + (f", {missing} records without one" if missing else ""))
+                            + (f" ({missing} of them without one)" if missing else ""))
         return problems
 
     # -- one query ----------------------------------------------------------
 
     def _knn(self, vector: np.ndarray, k: int, filt: Any, ef: int | None) -> list[tuple[int, float]]:
         if isinstance(filt, _Rows):
-            rows = self._current_rows(filt)
-        elif filt is None:
-            rows = None
-        else:  # a callable, as the hnswlib store's filters are: the flat index asks it per row
+            labels, dist = self._index.knn_query(vector, k=k, rows=self._current_rows(filt))
+        else:  # None, or a callable as the hnswlib store's filters are (asked per row)
             labels, dist = self._index.knn_query(vector, k=k, filter=filt)
-            return [(int(lab), 1.0 - float(d)) for lab, d in zip(labels[0], dist[0])]
-        labels, dist = self._index.knn_query(vector, k=k, rows=rows)
         return [(int(lab), 1.0 - float(d)) for lab, d in zip(labels[0], dist[0])]
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
