@@ -13,10 +13,10 @@ Three kinds, each measured in its own turn, every one against ``ann_scale.py``'s
 (strict recall: the ids):
 
 - ``bfloat16 hi + lo``: the vectors kept as two bfloat16 halves ``hi + lo`` (``hi`` the vector
-  rounded to bfloat16, ``lo`` what it left: float32's size), the scan's floors lowered by a
-  slack measured on the data: twice (``INPUT_ERROR``, or ``CHECK_ROOM`` times what ``--check``
-  measures over many pairs) plus the product's accumulation (``PRODUCT_ERROR``). Not a bound: the
-  recall column counts every miss.
+  rounded to bfloat16, ``lo`` what it left: float32's size), the scan's floors lowered by
+  twice a slack measured on the data: the inputs' rounding error (``INPUT_ERROR``, or
+  ``CHECK_ROOM`` times the largest ``--check`` measures over many pairs) plus the product's
+  accumulation (``PRODUCT_ERROR``). Not a bound: the recall column counts every miss.
 - ``float32`` (``--float32``): the same scan in float32 (one copy): what the matrix units buy.
 - ``flat store`` (``--store``): vecplug's flat store built from the vectors in a folder under
   ``--work`` (removed after), opened as a reader and asked ``search_batch``: float32 vectors
@@ -113,7 +113,7 @@ def scan(queries: Any, hi: Any, lo: Any | None, k: int, chunk: int | None = None
     ``--check``) plus the product's rounding, instead of the store's bound."""
     from vecplug.adapters.stores import scan as flat_scan
 
-    if lo is None:
+    if lo is None:  # ann_scale.py's vectors are unit ones
         slack = flat_scan.accumulation_bound(queries, 1.0)
     else:
         slack = input_error + PRODUCT_ERROR

@@ -40,8 +40,13 @@ def amx_int8() -> bool:
 
 def bf16_matmul() -> bool:
     """Whether this CPU multiplies bfloat16 matrices natively (AMX, or AVX-512 BF16 as on AMD
-    Zen 4): where the flat store's batch scan multiplies in bfloat16 (2.4x float32's speed on a
-    Zen 4 machine, 3.7x with AMX: README "Read as throughput"), as :func:`amx_bf16` reads it."""
+    Zen 4): where the flat store's batch scan multiplies in bfloat16 (the bare scan of 1,000 queries
+    1.9x float32's speed on a Zen 4 machine, 3.7x with AMX: benchmarks/results/
+    exact_batch_synthetic.md, exact_batch_debian.md), as :func:`amx_bf16` reads it
+    (``ONEDNN_MAX_CPU_ISA`` below both, e.g. ``AVX2``, means no)."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if isa and isa not in ("ALL", "DEFAULT") and "AMX" not in isa and "BF16" not in isa:
+        return False
     return _amx_flag("amx_bf16") or _cpu_flag("avx512_bf16")
 
 

@@ -35,6 +35,8 @@ def test_auto_is_bfloat16_only_with_amx_and_only_for_torch(cpu: dict[str, bool])
 def test_onednn_limited_below_amx_means_no_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
     assert amx_bf16() is False and amx_int8() is False
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # and no bfloat16 products at all
+    assert bf16_matmul() is False
 
 
 def test_amx_is_read_from_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
