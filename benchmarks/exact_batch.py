@@ -27,7 +27,7 @@ Three kinds, each measured in its own turn, every one against ``ann_scale.py``'s
 Usage::
 
     python benchmarks/exact_batch.py --work /tmp/benchwork/ann [--batches 1 10 100 1000]
-        [--threads 1 2] [--float32] [--store] [--size N] [--data NAME] [--json out.json]
+        [--threads 1 2] [--float32] [--store] [--no-halves] [--size N] [--data NAME] [--json out.json]
 
 (``--work``: the folder ``ann_scale.py --work`` wrote, as ``ann_crowding.py`` reads it.)
 """
@@ -71,6 +71,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
     p.add_argument("--float32", action="store_true", help="also scan a float32 copy (no bfloat16)")
     p.add_argument("--store", action="store_true", help="also through vecplug's flat store (search_batch)")
+    p.add_argument("--no-halves", action="store_true",
+                   help="skip the bfloat16 halves (e.g. --store --no-halves: the store alone, its memory "
+                        "that of a fresh process)")
     p.add_argument("--check", type=int, default=20_000, metavar="ROWS",
                    help="measure the bfloat16 inputs' score error on this many base rows (0: skip)")
     p.add_argument("--json", type=Path)
@@ -244,7 +247,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  "kinds": []}
         allowed = INPUT_ERROR if entry["input_error"] is None else CHECK_ROOM * entry["input_error"]
         entry["input_error_allowed"] = allowed
-        for kind_name in ["bfloat16 hi + lo"] + (["float32"] if args.float32 else []) + (["flat store"] if args.store else []):
+        kinds = ([] if args.no_halves else ["bfloat16 hi + lo"]) + (["float32"] if args.float32 else []) \
+            + (["flat store"] if args.store else [])
+        for kind_name in kinds:
             gc.collect()
             _trim()
             kind: dict[str, Any] = {"kind": kind_name, "runs": []}

@@ -76,6 +76,10 @@ def test_a_run_on_ann_scale_data(bench: ModuleType, tmp_path: Path) -> None:
         bench.main(["--work", str(work), "--size", "123"])
     with pytest.raises(SystemExit, match="no ann_scale.py data"):
         bench.main(["--work", str(work), "--data", "debian-1m-me5-small.npy"])
+    assert bench.main(["--work", str(work), "--data", "synthetic", "--batches", "30", "--threads", "1",
+                       "--store", "--no-halves", "--json", str(out)]) == 0
+    (alone,) = json.loads(out.read_text())["sets"][0]["kinds"]
+    assert alone["kind"] == "flat store" and alone["runs"][0]["recall"] == 1.0
 
 
 def test_fewer_documents_than_k(bench: ModuleType) -> None:
