@@ -21,7 +21,7 @@ import numpy as np
 
 from vecplug.adapters.bias import UND, LanguageMeans, centred_search, rescore
 from vecplug.adapters.consensus import Consensus
-from vecplug.adapters.stores.base import StoreHit, search
+from vecplug.adapters.stores.base import StoreHit, search, search_batch
 from vecplug.errors import ConfigError
 
 MODES = {
@@ -84,6 +84,18 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
             extra = rescore(store, means, vector, query_lang, extra)
         hits = sorted(hits + extra, key=lambda h: -h.score)
     return hits
+
+
+def first_stage_batch(store: object, vectors: np.ndarray, mode: str, depth: int,
+                      langs: Sequence[str] | None = None, means: LanguageMeans | None = None,
+                      ef: int | None = None, consensus: Consensus | None = None) -> list[list[StoreHit]] | None:
+    """:func:`first_stage` of many query vectors in one store call (``search_batch``: the flat
+    store answers it by one scan) when it is the same plain search for each whatever its
+    language: pooled ``xy`` without the correction or consensus. None otherwise: the caller asks
+    :func:`first_stage` query by query."""
+    if mode != "xy" or means is not None or consensus is not None:
+        return None
+    return search_batch(store, vectors, depth, target_languages(mode, None, langs), ef)  # type: ignore[arg-type]
 
 
 #: candidates below which their scores' spread says nothing of a reranker's scale

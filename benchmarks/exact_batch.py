@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -173,6 +174,26 @@ def scanned(hi: Any, lo: Any | None, allowed: float) -> Callable[[np.ndarray], t
     return search
 
 
+def opened(kind_name: str, base: Path, folder: Path, allowed: float) -> tuple[
+        Callable[[np.ndarray], tuple[np.ndarray, dict[str, float] | None]], Callable[[], dict[str, Any]]]:
+    """A kind's search (its vectors loaded, or the flat store built in ``folder`` opened as a
+    reader) and what ends it, returning what to record of it (the store's folder removed)."""
+    if kind_name != "flat store":
+        hi, lo = load(base, kind_name != "float32")
+        return scanned(hi, lo, allowed), dict
+    from vecplug.adapters.stores import get_store_class
+    from vecplug.adapters.stores import scan as flat_scan
+
+    store = get_store_class("flat").open(str(folder), {})
+
+    def close() -> dict[str, Any]:
+        info = {"precision": store.parameters["precision"], "bf16_min_queries": flat_scan.BF16_MIN_QUERIES}
+        store.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        return info
+    return stored(store), close
+
+
 def build_flat(base: Path, folder: Path) -> float:
     """A flat store of the base vectors in ``folder`` (ids: their rows), committed once: seconds."""
     from vecplug.adapters.stores import Record, get_store_class
@@ -222,7 +243,6 @@ def _reset_peak() -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import gc
-    import shutil
 
     import torch
 
@@ -261,14 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _trim()
             before = _rss_now()
             t0 = time.perf_counter()
-            if kind_name == "flat store":
-                from vecplug.adapters.stores import get_store_class
-
-                store = get_store_class("flat").open(str(folder), {})
-                search = stored(store)
-            else:
-                hi, lo = load(paths["base"], kind_name != "float32")
-                search = scanned(hi, lo, allowed)
+            search, close = opened(kind_name, paths["base"], folder, allowed)
             kind["load_s"] = time.perf_counter() - t0
             _trim()
             _reset_peak()
@@ -278,15 +291,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for batch in args.batches:
                     kind["runs"].append({"threads": threads, **measure(queries, truth, search, batch)})
             kind["rss_peak"] = _rss_peak()
+            kind.update(close())
             entry["kinds"].append(kind)
-            if kind_name == "flat store":
-                kind["precision"] = store.parameters["precision"]
-                kind["bf16_min_queries"] = flat_scan.BF16_MIN_QUERIES
-                store.close()
-                shutil.rmtree(folder, ignore_errors=True)
-            else:
-                del hi, lo
-            del search
+            del search, close
         sets.append(entry)
     if not sets:
         raise SystemExit(f"error: no ann_scale.py data in {args.work} (stats-*.json with base, queries, gt)")

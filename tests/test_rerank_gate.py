@@ -121,7 +121,7 @@ def test_a_query_the_gate_lets_by_costs_a_plain_search(tmp_path: Path, tiny_mode
     """The gate reads the search a query would get without a reranker (top k; prefer's 2k;
     consensus included) and only the queries it sends on are searched again, to the rerank
     depth: a sure query's answers are those of a search without reranker."""
-    from vecplug.adapters.stores import base as stores_base
+    from vecplug.adapters import modes
     from vecplug.api import Index
 
     depths: list[int] = []
@@ -133,13 +133,13 @@ def test_a_query_the_gate_lets_by_costs_a_plain_search(tmp_path: Path, tiny_mode
 
     monkeypatch.setattr(Index, "_first_stage", spy)
     # a pooled batch without the bias correction is asked of the store in one call
-    plain_batch = stores_base.search_batch
+    plain_batch = modes.search_batch
 
     def batch_spy(store: Any, vectors: Any, k: int, *args: Any, **kw: Any) -> Any:
         depths.extend([k] * len(vectors))
         return plain_batch(store, vectors, k, *args, **kw)
 
-    monkeypatch.setattr(stores_base, "search_batch", batch_spy)
+    monkeypatch.setattr(modes, "search_batch", batch_spy)
     queries = ["water boils", "quick fox", "lazy dogs sleep", "falling snow"]
     with _index(tmp_path, tiny_model) as index:
         for mode, consensus in (("xy", False), ("prefer", False), ("xy", True), ("prefer", True)):

@@ -697,14 +697,12 @@ class Index:
         # (consensus included); the gate reads its margin there, and only the queries it sends
         # on to the reranker are searched again, to the reranker's depth
         gate_first = reranker is not None and gate is not None
-        if mode == "xy" and means is None and (group if gate_first else first_group) is None:
-            # the store answers the whole batch (the flat store: one exact scan for them all)
-            from vecplug.adapters.stores.base import search_batch
-
-            candidates = search_batch(self.store, vectors, shallow if gate_first else depth, target, ef)
-        else:
-            candidates = [self._first_stage(v, ql, mode, shallow if gate_first else depth, target, means, ef,
-                                            group if gate_first else first_group, single=len(queries) == 1)
+        first_depth, first_consensus = (shallow, group) if gate_first else (depth, first_group)
+        candidates = modes.first_stage_batch(self.store, vectors, mode, first_depth, target, means, ef,
+                                             first_consensus)
+        if candidates is None:
+            candidates = [self._first_stage(v, ql, mode, first_depth, target, means, ef, first_consensus,
+                                            single=len(queries) == 1)
                           for v, ql in zip(vectors, qlangs)]
         boosts = [s.prefer_boost] * len(queries)
         # None: no reranker asked; False until the reranker has rescored the query's candidates

@@ -39,8 +39,6 @@ PRECISIONS = ("auto", "bfloat16", "float32")
 #: queries a batch scan takes at once (more: scanned in groups of this many): the scan holds a
 #: (queries x 4,096) product a step and each query's candidates
 BATCH = 1024
-#: records read at a time (SQLite's bound variables)
-_READ = 500
 
 
 @dataclass(frozen=True)
@@ -178,12 +176,9 @@ class FlatStore(HnswStore):
 
     def _hits_batch(self, found: list[list[tuple[int, float]]]) -> list[list[StoreHit]]:
         """Hits (with their vectors) of many queries' (label, score) lists: the records read
-        ``_READ`` labels at a time for them all."""
+        once for them all."""
         wanted = sorted({lab for pairs in found for lab, _ in pairs})
-        records: dict[int, Any] = {}
-        for i in range(0, len(wanted), _READ):
-            part = wanted[i:i + _READ]
-            records.update(self._records(f"label IN ({','.join('?' * len(part))})", part))
+        records = self._records_by_label(wanted)
         present = [lab for lab in wanted if lab in records]
         vectors = dict(zip(present, self._index.get_items(present))) if present else {}
         return [[StoreHit(records[lab], score, vectors[lab]) for lab, score in pairs if lab in records]

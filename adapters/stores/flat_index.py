@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from vecplug.adapters.stores.base import row_dots
+
 MAGIC = b"VPFLAT01"
 _HEADER = struct.Struct("<8sQQdd")
 #: rows read at a time (norms and bfloat16 residuals of new rows, the file): 25 MB of 384-d ones
@@ -205,8 +207,6 @@ class FlatIndex:
         """The ``k`` best labels and their distances (``1 - inner product``, as hnswlib's "ip"
         space gives), best first, of one query, exactly; fewer when fewer are held. ``rows``:
         only these rows; ``filter``: only labels it accepts (a Python call per row: slow)."""
-        from vecplug.adapters.stores.base import row_dots
-
         q = np.asarray(vector, dtype=np.float32).reshape(-1)
         if rows is None and filter is not None:
             rows = np.flatnonzero([filter(int(lab)) for lab in self.labels])

@@ -1131,10 +1131,18 @@ class HnswStore(VectorStore):
     def _hits(self, pairs: list[tuple[int, float]], vectors: np.ndarray | None = None) -> list[StoreHit]:
         if not pairs:
             return []
-        marks = ",".join("?" * len(pairs))
-        by_label = dict(self._records(f"label IN ({marks})", [p[0] for p in pairs]))
+        by_label = self._records_by_label([p[0] for p in pairs])
         return [StoreHit(by_label[lab], score, None if vectors is None else vectors[i])
                 for i, (lab, score) in enumerate(pairs) if lab in by_label]
+
+    def _records_by_label(self, labels: Sequence[int]) -> dict[int, Record]:
+        """The records of ``labels`` that exist, read 500 labels a statement (SQLite's bound
+        variables)."""
+        found: dict[int, Record] = {}
+        for i in range(0, len(labels), 500):
+            part = list(labels[i:i + 500])
+            found.update(self._records(f"label IN ({','.join('?' * len(part))})", part))
+        return found
 
     # -- writing -----------------------------------------------------------
 
