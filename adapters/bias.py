@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vecplug.adapters.stores import centring
-from vecplug.adapters.stores.base import (Candidate, StoreHit, candidates_per_language, centred_candidates, hit_vectors,
-                                          row_dots)
+from vecplug.adapters.stores.base import (Candidate, StoreHit, candidates_per_language, candidates_per_language_batch,
+                                          centred_candidates, hit_vectors, row_dots)
 
 if TYPE_CHECKING:
     from vecplug.adapters.consensus import Consensus
@@ -207,6 +207,27 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
         pooled = centred_candidates(store, query, k * CENTRED_OVERFETCH, ef)
     if pooled is None:
         pooled = candidates_per_language(store, query, fetch, langs, ef, walk_vectors(means, query, langs))
+    return best_centred(store, means, query, pooled, k, consensus)
+
+
+def centred_search_batch(store: Any, means: LanguageMeans, vectors: np.ndarray,
+                         query_langs: Sequence[str | None], k: int, langs: Sequence[str],
+                         ef: int | None = None) -> list[list[StoreHit]] | None:
+    """:func:`centred_search` (without consensus) of many query vectors, their candidates from
+    one store call (``candidates_per_language_batch``: the flat store scans each language once
+    for them all); None from a store that answers query by query (the caller asks
+    :func:`centred_search` for each)."""
+    queries = means.centre(np.asarray(vectors, dtype=np.float32), list(query_langs))
+    found = candidates_per_language_batch(store, queries, k * OVERFETCH, langs, ef)
+    if found is None:
+        return None
+    return [best_centred(store, means, query, pooled, k) for query, pooled in zip(queries, found)]
+
+
+def best_centred(store: Any, means: LanguageMeans, query: np.ndarray, pooled: Sequence[Candidate], k: int,
+                 consensus: "Consensus | None" = None) -> list[StoreHit]:
+    """The ``k`` best of a centred query's candidates by centred cosine (or by ``consensus``'s
+    scores), as hits, best first."""
     if not pooled:
         return []
     lang_of = [c.lang for c in pooled]

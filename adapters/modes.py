@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vecplug.adapters.bias import UND, LanguageMeans, centred_search, rescore
+from vecplug.adapters.bias import UND, LanguageMeans, centred_search, centred_search_batch, rescore
 from vecplug.adapters.consensus import Consensus
 from vecplug.adapters.stores.base import StoreHit, search, search_batch
 from vecplug.errors import ConfigError
@@ -86,16 +86,21 @@ def first_stage(store: object, vector: np.ndarray, query_lang: str | None, mode:
     return hits
 
 
-def first_stage_batch(store: object, vectors: np.ndarray, mode: str, depth: int,
-                      langs: Sequence[str] | None = None, means: LanguageMeans | None = None,
+def first_stage_batch(store: object, vectors: np.ndarray, query_langs: Sequence[str | None], mode: str,
+                      depth: int, langs: Sequence[str] | None = None, means: LanguageMeans | None = None,
                       ef: int | None = None, consensus: Consensus | None = None) -> list[list[StoreHit]] | None:
-    """:func:`first_stage` of many query vectors in one store call (``search_batch``: the flat
-    store answers it by one scan) when it is the same plain search for each whatever its
-    language: pooled ``xy`` without the correction or consensus. None otherwise: the caller asks
-    :func:`first_stage` query by query."""
-    if mode != "xy" or means is not None or consensus is not None:
+    """:func:`first_stage` of many query vectors (languages ``query_langs``) in one store call,
+    for pooled ``xy`` without consensus: without the correction, ``search_batch`` (the flat
+    store answers it by one scan); with it, each language's candidates for them all
+    (``bias.centred_search_batch``: the flat store scans each language once). None otherwise,
+    or from a store that answers query by query: the caller asks :func:`first_stage` for each."""
+    if mode != "xy" or consensus is not None:
         return None
-    return search_batch(store, vectors, depth, target_languages(mode, None, langs), ef)  # type: ignore[arg-type]
+    pool = target_languages(mode, None, langs)
+    if means is None:
+        return search_batch(store, vectors, depth, pool, ef)  # type: ignore[arg-type]
+    return centred_search_batch(store, means, vectors, query_langs, depth,
+                                pool if pool is not None else list(means.by_lang), ef)
 
 
 #: candidates below which their scores' spread says nothing of a reranker's scale

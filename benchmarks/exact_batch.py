@@ -23,11 +23,18 @@ Three kinds, each measured in its own turn, every one against ``ann_scale.py``'s
   converted to bfloat16 a step at a time where the CPU multiplies it natively, the slack the
   bound of ``scan.error_bound`` (no measurement), the records of the hits read from SQLite;
   what a user of the store gets.
+- ``flat store, corrected`` (``--corrected``): the same store built with a language per record
+  (``ann_scale.py``'s six: record i's ``LANGS[i % 6]``, query q's ``LANGS[q % 6]``) and searched
+  with the language-bias correction as ``Index.search_batch`` searches a pooled ``xy`` batch
+  (``bias.centred_search_batch``: each language's candidates for the whole batch, by one scan of
+  its rows, then each query's rescored by centred cosine), the language means those of the
+  base; recall against the exact top 10 by centred cosine (computed here).
 
 Usage::
 
     python benchmarks/exact_batch.py --work /tmp/benchwork/ann [--batches 1 10 100 1000]
-        [--threads 1 2] [--float32] [--store] [--no-halves] [--size N] [--data NAME] [--json out.json]
+        [--threads 1 2] [--float32] [--store] [--corrected] [--no-halves] [--size N] [--data NAME]
+        [--json out.json]
 
 (``--work``: the folder ``ann_scale.py --work`` wrote, as ``ann_crowding.py`` reads it.)
 """
@@ -45,7 +52,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ann_scale import K, RowReader, _rss_now, _rss_peak  # noqa: E402
+from ann_scale import K, LANGS, RowReader, _rss_now, _rss_peak  # noqa: E402
 from bench_common import header_markdown, machine_info, markdown_table, run_main  # noqa: E402
 
 #: the most a score computed from bfloat16-rounded inputs (each entry within 2^-8 of its
@@ -72,6 +79,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
     p.add_argument("--float32", action="store_true", help="also scan a float32 copy (no bfloat16)")
     p.add_argument("--store", action="store_true", help="also through vecplug's flat store (search_batch)")
+    p.add_argument("--corrected", action="store_true",
+                   help="also the flat store with six languages, searched with the language-bias correction")
     p.add_argument("--no-halves", action="store_true",
                    help="skip the bfloat16 halves (e.g. --store --no-halves: the store alone, its memory "
                         "that of a fresh process)")
@@ -140,17 +149,19 @@ def input_error(base: Path, queries: np.ndarray, rows: int) -> float:
     return float((exact - rounded).abs().max())
 
 
-def measure(queries: np.ndarray, truth: np.ndarray, search: Callable[[np.ndarray], tuple[np.ndarray, dict[str, float] | None]],
-            batch: int) -> dict[str, Any]:
-    """Every query answered in batches of ``batch`` by ``search`` (a batch of queries -> their
-    top ``K`` ids, and the scan's counts if known), after one warm-up batch: time per query,
-    batch latency p50/p95, strict recall@10."""
-    search(queries[:batch])
+Search = Callable[[np.ndarray, int], tuple[np.ndarray, "dict[str, float] | None"]]
+
+
+def measure(queries: np.ndarray, truth: np.ndarray, search: Search, batch: int) -> dict[str, Any]:
+    """Every query answered in batches of ``batch`` by ``search`` (a batch of queries and the
+    number of its first -> their top ``K`` ids, and the scan's counts if known), after one
+    warm-up batch: time per query, batch latency p50/p95, strict recall@10."""
+    search(queries[:batch], 0)
     found = np.zeros((len(queries), K), dtype=np.int64)
     times, cands, reads = [], [], []
     for a in range(0, len(queries), batch):
         t0 = time.perf_counter()
-        ids, stats = search(queries[a:a + batch])
+        ids, stats = search(queries[a:a + batch], a)
         times.append(time.perf_counter() - t0)
         found[a:a + batch] = ids
         if stats is not None:
@@ -164,21 +175,22 @@ def measure(queries: np.ndarray, truth: np.ndarray, search: Callable[[np.ndarray
             "read_share": float(np.mean(reads)) if reads else None}
 
 
-def scanned(hi: Any, lo: Any | None, allowed: float) -> Callable[[np.ndarray], tuple[np.ndarray, dict[str, float]]]:
+def scanned(hi: Any, lo: Any | None, allowed: float) -> Search:
     """:func:`measure`'s search by :func:`scan` over ``hi`` (+ ``lo``)."""
     import torch
 
-    def search(queries: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+    def search(queries: np.ndarray, first: int) -> tuple[np.ndarray, dict[str, float]]:
         ids, _, stats = scan(torch.from_numpy(queries), hi, lo, K, input_error=allowed)
         return ids.numpy(), stats
     return search
 
 
-def opened(kind_name: str, base: Path, folder: Path, allowed: float) -> tuple[
-        Callable[[np.ndarray], tuple[np.ndarray, dict[str, float] | None]], Callable[[], dict[str, Any]]]:
+def opened(kind_name: str, base: Path, folder: Path, allowed: float,
+           means: Any = None) -> tuple[Search, Callable[[], dict[str, Any]]]:
     """A kind's search (its vectors loaded, or the flat store built in ``folder`` opened as a
-    reader) and what ends it, returning what to record of it (the store's folder removed)."""
-    if kind_name != "flat store":
+    reader; ``means``: searched with the correction) and what ends it, returning what to
+    record of it (the store's folder removed)."""
+    if not kind_name.startswith("flat store"):
         hi, lo = load(base, kind_name != "float32")
         return scanned(hi, lo, allowed), dict
     from vecplug.adapters.stores import get_store_class
@@ -191,11 +203,17 @@ def opened(kind_name: str, base: Path, folder: Path, allowed: float) -> tuple[
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
         return info
-    return stored(store), close
+    return (stored(store) if means is None else corrected(store, means)), close
 
 
-def build_flat(base: Path, folder: Path) -> float:
-    """A flat store of the base vectors in ``folder`` (ids: their rows), committed once: seconds."""
+def _langs(first: int, count: int) -> list[str]:
+    """The languages of records (or queries) ``first`` to ``first + count``: ``ann_scale.py``'s."""
+    return [LANGS[(first + i) % len(LANGS)] for i in range(count)]
+
+
+def build_flat(base: Path, folder: Path, langs: bool = False) -> float:
+    """A flat store of the base vectors in ``folder`` (ids: their rows; ``langs``: each record in
+    its language of :func:`_langs`), committed once: seconds."""
     from vecplug.adapters.stores import Record, get_store_class
 
     t0 = time.perf_counter()
@@ -204,7 +222,8 @@ def build_flat(base: Path, folder: Path) -> float:
         store = get_store_class("flat").create(str(folder), reader.shape[1], {"dim": reader.shape[1]}, {})
         try:
             for a, rows in reader.chunks(STORE_BATCH):
-                store.upsert([Record(str(a + i), "", "base", a + i, None) for i in range(len(rows))], rows)
+                lang_of = _langs(a, len(rows)) if langs else [None] * len(rows)
+                store.upsert([Record(str(a + i), "", "base", a + i, lang_of[i]) for i in range(len(rows))], rows)
             store.commit()
         finally:
             store.close()
@@ -213,12 +232,67 @@ def build_flat(base: Path, folder: Path) -> float:
     return time.perf_counter() - t0
 
 
-def stored(store: Any) -> Callable[[np.ndarray], tuple[np.ndarray, None]]:
+def stored(store: Any) -> Search:
     """:func:`measure`'s search by the flat store's ``search_batch`` (records read included)."""
-    def search(queries: np.ndarray) -> tuple[np.ndarray, None]:
-        hits = store.search_batch(queries, K)
-        return np.asarray([[int(h.record.id) for h in row] for row in hits], dtype=np.int64), None
+    def search(queries: np.ndarray, first: int) -> tuple[np.ndarray, None]:
+        return _ids(store.search_batch(queries, K)), None
     return search
+
+
+def corrected(store: Any, means: Any) -> Search:
+    """:func:`measure`'s search by ``bias.centred_search_batch`` over every language, each
+    query in its language of :func:`_langs`."""
+    from vecplug.adapters.bias import centred_search_batch
+
+    def search(queries: np.ndarray, first: int) -> tuple[np.ndarray, None]:
+        hits = centred_search_batch(store, means, queries, _langs(first, len(queries)), K, list(LANGS))
+        if hits is None:
+            raise SystemExit("error: the flat store answered a corrected batch query by query")
+        return _ids(hits), None
+    return search
+
+
+def _ids(hits: Sequence[Sequence[Any]]) -> np.ndarray:
+    """Each query's hits' record ids (the base rows), -1 where fewer than ``K``."""
+    out = np.full((len(hits), K), -1, dtype=np.int64)
+    for row, found in zip(out, hits):
+        row[:len(found)] = [int(h.record.id) for h in found[:K]]
+    return out
+
+
+def language_means(base: Path) -> Any:
+    """The base vectors' language means (each row in its language of :func:`_langs`), as an
+    index keeps them for the correction."""
+    from vecplug.adapters.bias import LanguageStats
+
+    reader = RowReader(base)
+    try:
+        stats = LanguageStats(reader.shape[1])
+        for a, rows in reader.chunks(BASE_CHUNK):
+            stats.add(_langs(a, len(rows)), rows)
+    finally:
+        reader.close()
+    return stats.means()
+
+
+def centred_truth(base: Path, queries: np.ndarray, means: Any) -> np.ndarray:
+    """The exact top ``K`` base rows of every query by centred cosine (query and rows each
+    centred by its language's mean, re-normalised), in float64 products."""
+    import torch
+
+    Q = torch.from_numpy(means.centre(queries, _langs(0, len(queries)))).double()
+    best_s = torch.full((len(Q), K), -torch.inf, dtype=torch.float64)
+    best_i = torch.full((len(Q), K), -1, dtype=torch.int64)
+    reader = RowReader(base)
+    try:
+        for a, rows in reader.chunks(BASE_CHUNK):
+            S = Q @ torch.from_numpy(means.centre(rows, _langs(a, len(rows)))).double().T
+            top_s, top_j = torch.cat([best_s, S], 1).topk(K, dim=1)
+            ids = torch.cat([best_i, torch.arange(a, a + len(rows)).expand(len(Q), -1)], 1)
+            best_s, best_i = top_s, torch.gather(ids, 1, top_j)
+    finally:
+        reader.close()
+    return best_i.numpy()
 
 
 def _trim() -> None:
@@ -268,20 +342,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         allowed = INPUT_ERROR if entry["input_error"] is None else CHECK_ROOM * entry["input_error"]
         entry["input_error_allowed"] = allowed
         kinds = ([] if args.no_halves else ["bfloat16 hi + lo"]) + (["float32"] if args.float32 else []) \
-            + (["flat store"] if args.store else [])
+            + (["flat store"] if args.store else []) + (["flat store, corrected"] if args.corrected else [])
         for kind_name in kinds:
             gc.collect()
             _trim()
             kind: dict[str, Any] = {"kind": kind_name, "runs": []}
             folder = args.work / f"flat-store-{key}"
-            if kind_name == "flat store":
+            means, kind_truth = None, truth
+            if kind_name == "flat store, corrected":
+                means = language_means(paths["base"])
+                kind_truth = centred_truth(paths["base"], queries, means)
+            if kind_name.startswith("flat store"):
                 shutil.rmtree(folder, ignore_errors=True)
-                kind["build_s"] = build_flat(paths["base"], folder)
+                kind["build_rss_before"] = _rss_now()
+                _reset_peak()
+                kind["build_s"] = build_flat(paths["base"], folder, langs=means is not None)
+                kind["build_rss_peak"] = _rss_peak()
                 gc.collect()
                 _trim()
             before = _rss_now()
             t0 = time.perf_counter()
-            search, close = opened(kind_name, paths["base"], folder, allowed)
+            search, close = opened(kind_name, paths["base"], folder, allowed, means)
             kind["load_s"] = time.perf_counter() - t0
             _trim()
             _reset_peak()
@@ -289,7 +370,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 for batch in args.batches:
-                    kind["runs"].append({"threads": threads, **measure(queries, truth, search, batch)})
+                    kind["runs"].append({"threads": threads, **measure(queries, kind_truth, search, batch)})
             kind["rss_peak"] = _rss_peak()
             kind.update(close())
             entry["kinds"].append(kind)
@@ -315,8 +396,11 @@ def render(r: dict[str, Any]) -> str:
                 + f"allowed {s['input_error_allowed']:.2e}", ""]
         for kind in s["kinds"]:
             # (the first runs' JSON has no bf16_min_queries: 64 then)
-            built = (f"built in {kind['build_s']:.0f} s, its precision {kind['precision']} (batches of fewer than "
-                     f"{kind.get('bf16_min_queries', 64)} queries multiplied in float32), "
+            # (runs before the build's peak was kept have no build_rss_peak)
+            build_peak = (f" (the process: {kind['build_rss_before'] / mb:,.0f} MB before, peak "
+                          f"{kind['build_rss_peak'] / mb:,.0f} MB while building)" if "build_rss_peak" in kind else "")
+            built = (f"built in {kind['build_s']:.0f} s{build_peak}, its precision {kind['precision']} (batches of "
+                     f"fewer than {kind.get('bf16_min_queries', 64)} queries multiplied in float32), "
                      if "build_s" in kind else "")
             out += [f"**{kind['kind']}**: {built}loaded in {kind['load_s']:.1f} s, {kind['rss_added'] / mb:,.0f} MB "
                     f"(the process: {kind['rss'] / mb:,.0f} MB after loading, peak {kind['rss_peak'] / mb:,.0f} MB while searching)", "",

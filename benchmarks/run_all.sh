@@ -10,6 +10,7 @@
 #              documents against both, query latency
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
 #              vectors, and the same searched exactly in batches (the flat store): exact_batch_synthetic.md,
+#              the store alone and with the language-bias correction: exact_batch_synthetic_{store,corrected}.md,
 #              on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
 #              how near-tied their exact top 10 is, and how an exact scan of k-means lists
@@ -26,7 +27,7 @@
 #         BENCH (names, default all), ANN_SIZES (default "100000 1000000"),
 #         CROSS_ENCODER (precision_probe's reranker, default models/me5-small-cross-tatoeba if present),
 #         WORK (scratch folder, default a temporary one: the pooled XQuAD-R index, ANN data).
-# Time on a 2-core machine: about 4.3 hours for everything (the 1M-vector builds and, for
+# Time on a 2-core machine: about 4.8 hours for everything (the 1M-vector builds and searches, for
 # ann_debian, encoding a million sentences: ~27 min in bfloat16 with AMX, hours in float32, and
 # the eight builds of centred_build: 37 min).
 # Run nothing else meanwhile: two jobs on two cores slow each other down several times over, and
@@ -83,9 +84,15 @@ else
             # 11.8 GB (results/ann_scale_qdrant_1m.md: ann_scale.py --sizes 1000000 --backends qdrant)
             ann_scale) run ann_scale --sizes $ANN_SIZES --qdrant-sizes 100000 --commit-every 100000 \
                            --sweep --work "$WORK/ann"
-                       # the same vectors searched exactly, queries in batches (the flat store's scan)
+                       # the same vectors searched exactly, queries in batches (the flat store's scan);
+                       # the store alone in a process (its memory), and with six languages searched
+                       # with the language-bias correction
                        run_as exact_batch_synthetic exact_batch --work "$WORK/ann" --data synthetic \
-                           --float32 --store ;;
+                           --float32 --store
+                       run_as exact_batch_synthetic_store exact_batch --work "$WORK/ann" --data synthetic \
+                           --store --no-halves
+                       run_as exact_batch_synthetic_corrected exact_batch --work "$WORK/ann" --data synthetic \
+                           --corrected --no-halves ;;
             # real vectors: every distinct Tatoeba sentence encoded by me5-small (~13 min)
             ann_real) "$PYTHON" benchmarks/tatoeba_vectors.py --out "$WORK/tatoeba-me5-small.npy"
                       run_as ann_scale_real ann_scale --vectors "$WORK/tatoeba-me5-small.npy" \
@@ -139,7 +146,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
-    reports="${reports/ann_scale /ann_scale exact_batch_synthetic }"
+    reports="${reports/ann_scale /ann_scale exact_batch_synthetic exact_batch_synthetic_store exact_batch_synthetic_corrected }"
     for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian exact_batch_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred centred_build_debian}; do
         if [[ -f "$out/$name.md" ]]; then
             echo

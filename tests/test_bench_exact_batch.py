@@ -77,9 +77,31 @@ def test_a_run_on_ann_scale_data(bench: ModuleType, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no ann_scale.py data"):
         bench.main(["--work", str(work), "--data", "debian-1m-me5-small.npy"])
     assert bench.main(["--work", str(work), "--data", "synthetic", "--batches", "30", "--threads", "1",
-                       "--store", "--no-halves", "--json", str(out)]) == 0
-    (alone,) = json.loads(out.read_text())["sets"][0]["kinds"]
+                       "--store", "--corrected", "--no-halves", "--json", str(out)]) == 0
+    alone, corrected = json.loads(out.read_text())["sets"][0]["kinds"]
     assert alone["kind"] == "flat store" and alone["runs"][0]["recall"] == 1.0
+    # the correction's candidates (each language's best by plain inner product with the centred
+    # query) hold nearly all of the exact centred top 10
+    assert corrected["kind"] == "flat store, corrected" and 0.9 <= corrected["runs"][0]["recall"] <= 1.0
+
+
+def test_the_centred_truth_is_the_exact_centred_top_k(bench: ModuleType, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from vecplug.adapters.bias import LanguageStats
+
+    monkeypatch.setattr(bench, "BASE_CHUNK", 700)  # the best merged over several chunks
+
+    base, queries = crowded_vectors(3_000, 24, seed=5)
+    path = tmp_path / "base.npy"
+    np.save(path, base)
+    means = bench.language_means(path)
+    stats = LanguageStats(24)
+    stats.add(bench._langs(0, len(base)), base)
+    np.testing.assert_allclose(means.of("de"), stats.means().of("de"))
+    truth = bench.centred_truth(path, queries, means)
+    scores = means.centre(queries, bench._langs(0, len(queries))) @ means.centre(base, bench._langs(0, len(base))).T
+    want = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+    assert [set(r) for r in truth] == [set(r) for r in want]
 
 
 def test_fewer_documents_than_k(bench: ModuleType) -> None:

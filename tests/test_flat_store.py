@@ -5,6 +5,7 @@ are what only it does."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,27 @@ def test_the_scan_finds_the_exact_top_k_with_its_bound(sign: float) -> None:
             assert np.abs(found_scores.numpy() - scores).max() < 1e-5
             assert (np.diff(found_scores.numpy(), axis=1) <= 0).all()
             assert 10 <= stats["candidates"] < 400 and 0 < stats["read_share"] <= 1
+
+
+def test_the_scan_of_selected_rows_finds_their_exact_top_k() -> None:
+    """``select``: the rows given (in any order), gathered a step at a time; ids are row
+    numbers of the whole matrix, and a row not selected is never returned."""
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    base, queries = crowded_vectors(9_000, 64, seed=4)
+    select = np.random.default_rng(0).permutation(9_000)[:5_000]
+    ids, scores = exact_top_k(base[select], queries, 10)
+    Q, X = torch.from_numpy(queries), torch.from_numpy(base)
+    bf16_slack, f32_slack = _bounds(Q, X)
+    for kw in ({"bfloat16": True, "slack": bf16_slack}, {"slack": f32_slack}):
+        for chunk in (1000, None):
+            found, found_scores, _ = scan.scan(Q, X, 10, chunk=chunk, select=torch.from_numpy(select), **kw)
+            assert [set(r) for r in found.numpy()] == [set(r) for r in select[ids]]
+            assert np.abs(found_scores.numpy() - scores).max() < 1e-5
+    with pytest.raises(ValueError):
+        scan.scan(Q, X, 10, count=5, select=torch.from_numpy(select))
 
 
 def test_without_its_slack_the_bfloat16_scan_misses() -> None:
@@ -166,6 +188,45 @@ def test_flat_index_adds_replaces_deletes_and_round_trips(tmp_path: Path) -> Non
     assert "not a vecplug flat" in check_flat_file(path, DIM)
 
 
+def test_flat_index_grows_in_place_or_by_a_copy_while_a_view_is_held() -> None:
+    """Growing keeps every row; with nothing else holding the rows it resizes them in place
+    (numpy's allocations, traced: never the old and the new rows at once, as copies held them at
+    the build's peak), and while a search's view of them is alive it copies them, with room to
+    spare (the view stays valid)."""
+    import tracemalloc
+
+    from vecplug.adapters.stores.flat_index import FlatIndex
+
+    dim, n = 384, 4000
+    vecs = unit_vectors(2 * n, dim, seed=6)
+    index = FlatIndex(dim)
+    index.init_index(n)
+    index.add_items(vecs[:n], np.arange(n))
+    row_bytes = dim * 4 + 8
+    tracemalloc.start()
+    try:
+        index.resize_index(2 * n)  # no view held
+        _, peak = tracemalloc.get_traced_memory()
+        assert peak < 2.2 * n * row_bytes  # the grown rows; a copy holds 3 n at once
+        index.add_items(vecs[n:], np.arange(n, 2 * n))
+        view = index.vectors
+        tracemalloc.reset_peak()
+        index.resize_index(3 * n)  # while `view` reads the rows
+        _, peak = tracemalloc.get_traced_memory()
+        assert peak > 4.8 * n * row_bytes  # copied: 2 n rows and 3 n (and a quarter more room)
+        assert index.get_max_elements() == 3 * n + 3 * n // 4 == len(index._labels)
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(view, vecs)
+    np.testing.assert_array_equal(index.vectors, vecs)
+    np.testing.assert_array_equal(index.labels, np.arange(2 * n))
+    del view
+    index.resize_index(2 * n)
+    np.testing.assert_array_equal(index.get_items(range(2 * n)), vecs)
+    with pytest.raises(RuntimeError):
+        index.resize_index(2 * n - 1)
+
+
 # -- the store ----------------------------------------------------------------------
 
 def _records(n: int, langs: tuple[str, ...] = ("en", "de", "fr")) -> list[Any]:
@@ -205,13 +266,19 @@ def test_search_batch_is_the_exact_search_of_each_query(tmp_path: Path, monkeypa
         store._options["precision"] = "bfloat16"
         store.search_batch(queries[:scan.BF16_MIN_QUERIES - 1], 10)
         assert in_bf16[-1] is False
-        # the same as one query at a time, and with languages: one at a time
+        # the same as one query at a time, and with languages: only their rows scanned
         one = [store.search(q, 10) for q in queries[:5]]
         assert [[h.record.id for h in hits] for hits in one] == [[h.record.id for h in hits] for hits in got[:5]]
         de = store.search_batch(queries[:5], 4, ["de"])
         assert all(h.record.lang == "de" for hits in de for h in hits)
         assert [[h.record.id for h in hits] for hits in de] == [
             [h.record.id for h in store.search(q, 4, ["de"])] for q in queries[:5]]
+        two = live[live % 3 != 0]  # _records' languages: en, de, fr in turn
+        want, _ = exact_top_k(base[two], queries, 10)
+        got = store.search_batch(queries, 10, ["fr", "de"])  # bfloat16: a batch large enough
+        assert [[h.record.id for h in hits] for hits in got] == [[f"d{two[j]}" for j in row] for row in want]
+        assert in_bf16[-1] is True
+        assert store.search_batch(queries, 10, ["xx"]) == [[] for _ in queries]
         assert [len(hits) for hits in store.search_batch(queries[:2], 10_000)] == [len(live)] * 2
     finally:
         store.close()
@@ -266,9 +333,9 @@ def test_a_flat_folder_is_the_flat_store_s_alone(tmp_path: Path) -> None:
 
 
 def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Index.search_batch hands a pooled batch without the bias correction to the store in one
-    call, and its answers are those of Index.search, query by query; with the correction on,
-    each query is searched on its own."""
+    """Index.search_batch hands a pooled batch to the store in one call, without the bias
+    correction (one scan) and with it (each language's candidates for all the queries), and
+    its answers are those of Index.search, query by query; consensus goes query by query."""
     from vecplug.api import settings_for
     from vecplug.adapters.bias import LanguageStats
     from vecplug.adapters.stores import flat
@@ -284,22 +351,32 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
     stats = LanguageStats(16)
     stats.add([r.lang for r in records], vectors)
     store.commit(stats.to_manifest())
-    calls = []
-    real = flat.FlatStore.search_batch
-    monkeypatch.setattr(flat.FlatStore, "search_batch",
-                        lambda self, *a, **kw: calls.append(len(a[0])) or real(self, *a, **kw))
+    calls: list[tuple[str, int]] = []
+    for name in ("search_batch", "candidates_per_language_batch", "candidates_per_language"):
+        def spy(self: Any, *a: Any, _name: str = name, _real: Any = getattr(flat.FlatStore, name), **kw: Any) -> Any:
+            calls.append((_name, len(np.atleast_2d(a[0]))))
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(flat.FlatStore, name, spy)
     index = Index(settings_for(index={"path": str(tmp_path / "idx"), "store": "flat"}), store, writable=False)
-    index._encoder, index._detector = encoder, object()
+    index._encoder = encoder
+    index._detector = SimpleNamespace(detect=lambda text: "it")  # a language the index lacks
     try:
         queries = ["word3 thing5", "other2 word7", "thing1", "word49 other6 thing12"]
-        batch = index.search_batch(queries, 5, langs=["en"] * 4, debias=False)
-        assert calls == [4]
-        singles = [index.search(q, 5, lang="en", debias=False) for q in queries]
-        assert [[h.id for h in r] for r in batch] == [[h.id for h in r] for r in singles]
-        assert all(len(r) == 5 for r in batch)
+        qlangs = ["en", "de", "fr", None]
+        for debias, method in ((False, "search_batch"), (True, "candidates_per_language_batch")):
+            calls.clear()
+            batch = index.search_batch(queries, 5, langs=qlangs, debias=debias)
+            assert calls == [(method, 4)]
+            singles = [index.search(q, 5, lang=ql, debias=debias) for q, ql in zip(queries, qlangs)]
+            assert [[h.id for h in r] for r in batch] == [[h.id for h in r] for r in singles]
+            np.testing.assert_allclose([[h.score for h in r] for r in batch],
+                                       [[h.score for h in r] for r in singles], atol=1e-6)
+            assert all(len(r) == 5 for r in batch)
+        # the corrected batch is the search of every language, not only the query's
+        assert len({h.lang for r in batch for h in r}) == 3
         calls.clear()
-        index.search_batch(queries, 5, langs=["en"] * 4)  # corrected: language by language
-        assert calls == []
+        index.search_batch(queries, 5, langs=qlangs, consensus=True)  # query by query
+        assert {name for name, _ in calls} == {"candidates_per_language"} and len(calls) == 4
     finally:
         index.close()
 

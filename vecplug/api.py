@@ -698,7 +698,7 @@ class Index:
         # on to the reranker are searched again, to the reranker's depth
         gate_first = reranker is not None and gate is not None
         first_depth, first_consensus = (shallow, group) if gate_first else (depth, first_group)
-        candidates = modes.first_stage_batch(self.store, vectors, mode, first_depth, target, means, ef,
+        candidates = modes.first_stage_batch(self.store, vectors, qlangs, mode, first_depth, target, means, ef,
                                              first_consensus)
         if candidates is None:
             candidates = [self._first_stage(v, ql, mode, first_depth, target, means, ef, first_consensus,

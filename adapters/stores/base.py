@@ -137,6 +137,14 @@ def candidates_per_language(store: "VectorStore", vector: np.ndarray, k: int, la
     return store.candidates_per_language(vector, k, langs, ef=ef)
 
 
+def candidates_per_language_batch(store: "VectorStore", vectors: np.ndarray, k: int, langs: Sequence[str],
+                                  ef: int | None = None) -> list[list[Candidate]] | None:
+    """``store.candidates_per_language_batch``; None from a store without the method (a plugin's
+    that does not subclass :class:`VectorStore`), as from one that answers query by query."""
+    method = getattr(store, "candidates_per_language_batch", None)
+    return None if method is None else method(vectors, k, langs, ef=ef)
+
+
 def centred_candidates(store: "VectorStore", vector: np.ndarray, k: int,
                        ef: int | None = None) -> list[Candidate] | None:
     """``store.centred_candidates``; None from a store without the method (a plugin's that does
@@ -307,6 +315,14 @@ class VectorStore(ABC):
         for lang in langs:
             out += self.candidates(vector, k, [lang], ef=ef)
         return out
+
+    def candidates_per_language_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str], *,
+                                      ef: int | None = None) -> list[list[Candidate]] | None:
+        """:meth:`candidates_per_language` of each row of ``vectors`` (without walk hints), from
+        a store that answers many queries at once for less (the flat store: one scan of each
+        language's rows for them all). None (this default): the caller asks
+        :meth:`candidates_per_language` one query at a time."""
+        return None
 
     def centred_candidates(self, vector: np.ndarray, k: int, *, ef: int | None = None) -> list[Candidate] | None:
         """For a store whose graph holds each document centred by its language's mean (the

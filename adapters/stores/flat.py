@@ -14,9 +14,11 @@ BF16; option ``precision``) and the batch is large enough to pay for converting 
 step at a time (``scan.BF16_MIN_QUERIES``; fewer queries are multiplied in float32), with
 each query's floor inside the product and the few candidates above it rescored in float32:
 still exact (the slack is a bound, ``scan.error_bound``). In batches of 1,000 at a million
-vectors: 2.9 ms a query on that Zen 4 machine; the bare scan took 0.71 ms on one with AMX.
-Evaluation, offline labelling and deduplication ask in batches; an interactive search asks
-one query at a time, where the hnswlib store's graph is the faster.
+vectors: 2.7-2.9 ms a query on that Zen 4 machine; the bare scan took 0.71 ms on one with AMX.
+:meth:`FlatStore.candidates_per_language_batch` scans each language's rows the same way (in
+place, a step at a time), for the language-bias correction of a batch. Evaluation, offline
+labelling and deduplication ask in batches; an interactive search asks one query at a time,
+where the hnswlib store's graph is the faster.
 """
 from __future__ import annotations
 
@@ -90,7 +92,9 @@ class FlatStore(HnswStore):
             return
         need = self._index.get_current_count() + extra
         if need > self._index.get_max_elements():
-            self._index.resize_index(max(need, 2 * self._index.get_max_elements()))
+            # to the rows needed: growing resizes in place, where the room is zero-filled at
+            # once (room to spare would be memory held: doubling held up to twice the vectors)
+            self._index.resize_index(need)
 
     def verify(self, rows: bool = True) -> list[str]:
         """The hnswlib store's checks, and that the vectors are the records' (one each)."""
@@ -144,35 +148,75 @@ class FlatStore(HnswStore):
 
     def search_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str] | None = None, *,
                      ef: int | None = None) -> list[list[StoreHit]]:
-        """:meth:`search` for each row of ``vectors``; without ``langs``, all of them by one scan
-        (module docstring), exact as :meth:`search` is; with ``langs``, one query at a time."""
-        if langs:
-            return super().search_batch(vectors, k, langs, ef=ef)
+        """:meth:`search` for each row of ``vectors``, all of them by one scan (module
+        docstring; with ``langs``, of those languages' rows, read in place), exact as
+        :meth:`search` is."""
+        vectors = _batch(vectors)
+        with self._mutex:
+            queries = self._query_rows(vectors)
+            if queries is None or k <= 0:
+                return [[] for _ in vectors]
+            select = self._current_rows(self._filter_for(tuple(sorted(set(langs))))[1]) if langs else None
+            if select is not None and not len(select):
+                return [[] for _ in vectors]
+            labels = self._index.labels
+            return self._hits_batch([list(zip(labels[rows].tolist(), scores.tolist()))
+                                     for rows, scores in self._scan(queries, k, select)])
+
+    def candidates_per_language_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str], *,
+                                      ef: int | None = None) -> list[list[Candidate]] | None:
+        """:meth:`candidates_per_language` of each row of ``vectors``, by one scan of each
+        language's rows for them all (read where they are, a step at a time): the same exact
+        candidates, as the language-bias correction of a batch asks for them."""
+        vectors = _batch(vectors)
+        if self._centred:
+            return None
+        with self._mutex:
+            queries = self._query_rows(vectors)
+            found: list[list[Candidate]] = [[] for _ in vectors]
+            if queries is None or k <= 0:
+                return found
+            index = self._index
+            for lang in langs:
+                rows = self._current_rows(self._filter_for((lang,))[1])
+                if not len(rows):
+                    continue
+                for out, (best, scores) in zip(found, self._scan(queries, k, rows)):
+                    out += [Candidate(int(label), lang, float(score), vector) for label, score, vector in
+                            zip(index.labels[best], scores, index.vectors[best])]
+            return found
+
+    def _query_rows(self, vectors: np.ndarray) -> np.ndarray | None:
+        """Query vectors as float32 rows, once this reader follows the last commit; None when
+        there are none or the index holds no vector. Under the mutex."""
+        queries = np.concatenate([self._row(v, "query vector") for v in vectors]) if len(vectors) else vectors
+        if not len(vectors) or self._query_row(queries[0]) is None or not self._index.get_current_count():
+            return None
+        return queries
+
+    def _scan(self, queries: np.ndarray, k: int,
+              select: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each query's exact best ``k`` rows of the flat index (of the rows ``select``, if
+        given) and their scores, best first, by ``scan.scan`` (module docstring). Under the mutex."""
         import torch
 
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2:
-            raise ValueError(f"search_batch takes a (queries, dim) array, not shape {vectors.shape}")
-        with self._mutex:
-            queries = np.concatenate([self._row(v, "query vector") for v in vectors]) if len(vectors) else vectors
-            if not len(vectors) or self._query_row(queries[0]) is None or k <= 0 or not self._index.get_current_count():
-                return [[] for _ in vectors]
-            index = self._index
-            rows = torch.from_numpy(index.vectors)
-            found: list[list[tuple[int, float]]] = []
-            precision = _precision(self._options)
-            for a in range(0, len(queries), BATCH):
-                Q = torch.from_numpy(np.ascontiguousarray(queries[a:a + BATCH]))
-                # a few queries: reading the rows is the cost, and converting them would add to it
-                use_bf16 = precision == "bfloat16" and len(Q) >= scan.BF16_MIN_QUERIES
-                slack = (scan.error_bound(Q, index.row_norm, index.residual_norm) if use_bf16
-                         else scan.accumulation_bound(Q, index.row_norm))
-                ids, scores, _ = scan.scan(Q, rows, min(k, len(rows)), bfloat16=use_bf16, slack=slack)
-                labels = index.labels
-                for r_ids, r_scores in zip(ids.numpy(), scores.numpy()):
-                    keep = r_ids >= 0
-                    found.append(list(zip(labels[r_ids[keep]].tolist(), r_scores[keep].tolist())))
-            return self._hits_batch(found)
+        index = self._index
+        rows = torch.from_numpy(index.vectors)
+        chosen = None if select is None else torch.from_numpy(np.ascontiguousarray(select, dtype=np.int64))
+        k = min(k, len(rows) if select is None else len(select))
+        precision = _precision(self._options)
+        found: list[tuple[np.ndarray, np.ndarray]] = []
+        for a in range(0, len(queries), BATCH):
+            Q = torch.from_numpy(np.ascontiguousarray(queries[a:a + BATCH]))
+            # a few queries: reading the rows is the cost, and converting them would add to it
+            use_bf16 = precision == "bfloat16" and len(Q) >= scan.BF16_MIN_QUERIES
+            slack = (scan.error_bound(Q, index.row_norm, index.residual_norm) if use_bf16
+                     else scan.accumulation_bound(Q, index.row_norm))
+            ids, scores, _ = scan.scan(Q, rows, k, bfloat16=use_bf16, slack=slack, select=chosen)
+            for r_ids, r_scores in zip(ids.numpy(), scores.numpy()):
+                keep = r_ids >= 0
+                found.append((r_ids[keep], r_scores[keep]))
+        return found
 
     def _hits_batch(self, found: list[list[tuple[int, float]]]) -> list[list[StoreHit]]:
         """Hits (with their vectors) of many queries' (label, score) lists: the records read
@@ -183,6 +227,14 @@ class FlatStore(HnswStore):
         vectors = dict(zip(present, self._index.get_items(present))) if present else {}
         return [[StoreHit(records[lab], score, vectors[lab]) for lab, score in pairs if lab in records]
                 for pairs in found]
+
+
+def _batch(vectors: np.ndarray) -> np.ndarray:
+    """Query vectors as a float32 ``(queries, dim)`` array; ValueError for another shape."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2:
+        raise ValueError(f"a batch search takes a (queries, dim) array, not shape {vectors.shape}")
+    return vectors
 
 
 def _precision(options: dict[str, Any]) -> str:

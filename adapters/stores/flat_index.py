@@ -106,13 +106,33 @@ class FlatIndex:
         return self._count
 
     def resize_index(self, max_elements: int) -> None:
+        """Room for ``max_elements`` rows, resized in place (realloc moves the pages: no second
+        copy of the vectors, and growing a row at a time costs no more than growing at once);
+        while something else holds a view of the rows, numpy refuses, and they are copied with
+        a quarter more room, so that copies stay rare."""
         if max_elements < self._count:
             raise RuntimeError("cannot resize below the number of vectors held")
-        vectors = np.empty((max_elements, self.dim), dtype=np.float32)
-        vectors[:self._count] = self._vectors[:self._count]
-        labels = np.empty(max_elements, dtype=np.int64)
-        labels[:self._count] = self._labels[:self._count]
-        self._vectors, self._labels = vectors, labels
+        if not self._resize("_vectors", (max_elements, self.dim)):
+            max_elements = len(self._vectors)
+        self._resize("_labels", (max_elements,))
+
+    def _resize(self, name: str, shape: tuple[int, ...]) -> bool:
+        """The array attribute ``name`` given ``shape`` (a copy: its rows and a quarter more),
+        its live rows kept; whether it was resized in place."""
+        array = getattr(self, name)
+        # this frame's reference then the only one besides a view's: numpy's refcheck counts them
+        setattr(self, name, None)
+        try:
+            array.resize(shape)
+            return True
+        except ValueError:
+            grown = np.empty((shape[0] + shape[0] // 4, *shape[1:]) if shape[0] > self._count else shape,
+                             dtype=array.dtype)
+            grown[:self._count] = array[:self._count]
+            array = grown
+            return False
+        finally:
+            setattr(self, name, array)
 
     def set_ef(self, ef: int) -> None:
         """No search breadth: every search is exact."""

@@ -44,8 +44,10 @@ CONVERT_ROWS = 16_384
 #: a million rows on a Zen 4 machine, one thread: 10 queries 77 ms a query against 32 in float32,
 #: 100 queries 7.3 against 12.1, one query 0.97 s against 0.15)
 BF16_MIN_QUERIES = 64
-#: candidates rescored at a time (their rows are gathered in float32)
-RESCORE = 32_768
+#: candidates rescored at a time: a step gathers their rows and their queries in float32 and
+#: multiplies them, three arrays of 6 MB at 384-d (32,768 a step made 150 MB of a batch's peak
+#: memory at a million vectors, for no measurable speed)
+RESCORE = 4096
 #: bfloat16's unit roundoff (8 significant bits): a rounded number is within 2^-8 of the number,
 #: relatively
 BF16_U = 2.0 ** -8
@@ -128,10 +130,13 @@ def padded(rows: Any, values: Any, groups: int, fill: float, width: int = 1) -> 
 
 
 def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bool = False,
-         slack: Any = 0.0, chunk: int | None = None, count: int | None = None) -> tuple[Any, Any, dict[str, float]]:
+         slack: Any = 0.0, chunk: int | None = None, count: int | None = None,
+         select: Any | None = None) -> tuple[Any, Any, dict[str, float]]:
     """Exact top ``k`` of every row of ``queries`` (a float32 tensor) among the first ``count``
-    (default: all) of ``rows``: (ids ``(B, k)``, float32 scores best first, counts). Rows ``-1``
-    / ``-inf`` pad a query's answer when there are fewer than ``k`` rows.
+    (default: all) of ``rows``, or among the rows ``select`` (an int64 tensor of row numbers:
+    gathered a step at a time, no copy of them all): (ids ``(B, k)``: row numbers of ``rows``,
+    float32 scores best first, counts). Ids ``-1`` / ``-inf`` pad a query's answer when there
+    are fewer than ``k`` rows.
 
     ``rows`` float32: scanned in float32, or with ``bfloat16`` converted a step at a time and
     multiplied in bfloat16 (candidates are rescored from the float32 rows). ``rows`` bfloat16:
@@ -147,7 +152,12 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
             raise RuntimeError("this torch rounds a bfloat16 product before adding addmm's bias: "
                                "scan float32 rows instead")
         approximate = False
-    n = len(rows) if count is None else count
+    if select is not None and count is not None:
+        raise ValueError("scan reads the first count rows or the rows selected, not both")
+    if select is not None:
+        n = len(select)
+    else:
+        n = len(rows) if count is None else count
     B = len(queries)
     if k <= 0 or B == 0:
         return (torch.empty((B, 0), dtype=torch.int64), torch.empty((B, 0)), {"candidates": 0.0, "read_share": 0.0})
@@ -156,12 +166,12 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
     room = 2 * torch.as_tensor(slack, dtype=torch.float32).expand(B)
     # fewer queries, longer steps: the same scores a step, fewer steps (each has a fixed cost)
     chunk = chunk or max(CHUNK, STEP_SCORES // B)
-    if approximate and rows.dtype != torch.bfloat16:
-        chunk = min(chunk, CONVERT_ROWS)
+    if (approximate and rows.dtype != torch.bfloat16) or select is not None:
+        chunk = min(chunk, CONVERT_ROWS)  # (a step's copy: converted or gathered rows)
     q = queries.to(torch.bfloat16) if approximate else queries.float()
 
     def block(a: int) -> Any:
-        part = rows[a:min(a + chunk, n)]
+        part = rows[a:min(a + chunk, n)] if select is None else rows.index_select(0, select[a:min(a + chunk, n)])
         return part.to(torch.bfloat16) if approximate else part.float()
 
     best = torch.full((B, k), -torch.inf)
@@ -230,6 +240,8 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
     found, cols = found[keep], cols[keep]
     order = torch.argsort(found, stable=True)  # query by query
     found, cols = found[order], cols[order]
+    if select is not None:
+        cols = select[cols]
     exact = torch.cat([(queries[found[i:i + RESCORE]].float() * _rows(rows, lo, cols[i:i + RESCORE])).sum(1)
                        for i in range(0, len(found), RESCORE)]) if len(found) else torch.empty(0)
     table, slot = padded(found, exact, B, -torch.inf, width=k)
