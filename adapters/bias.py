@@ -58,6 +58,9 @@ OVERFETCH = 2
 #: in 32 languages, 1 keeps the unshifted walks' recall of the exact centred top 10 at a fraction
 #: of their cost (benchmarks/results/modes_scale_debian.md)
 WALK_SHIFT = 1.0
+#: candidates (each with its vector) a batch of corrected searches holds at once: 100 MB of
+#: 384-d ones (a batch of 7,140 queries, six languages, 40 candidates each held 2.6 GB)
+BATCH_CANDIDATES = 65_536
 #: a store whose graph is centred (``stores/centring.py``) is walked once for this many times the
 #: results asked, rescored exactly: the graph is centred by its own anchors, not by the means of
 #: the moment, and its walk is approximate
@@ -214,14 +217,21 @@ def centred_search_batch(store: Any, means: LanguageMeans, vectors: np.ndarray,
                          query_langs: Sequence[str | None], k: int, langs: Sequence[str],
                          ef: int | None = None) -> list[list[StoreHit]] | None:
     """:func:`centred_search` (without consensus) of many query vectors, their candidates from
-    one store call (``candidates_per_language_batch``: the flat store scans each language once
-    for them all); None from a store that answers query by query (the caller asks
-    :func:`centred_search` for each)."""
+    one store call per group of queries (``candidates_per_language_batch``: the flat store
+    scans each language once for them all); None from a store that answers query by query (the
+    caller asks :func:`centred_search` for each)."""
     queries = means.centre(np.asarray(vectors, dtype=np.float32), list(query_langs))
-    found = candidates_per_language_batch(store, queries, k * OVERFETCH, langs, ef)
-    if found is None:
-        return None
-    return [best_centred(store, means, query, pooled, k) for query, pooled in zip(queries, found)]
+    fetch = k * OVERFETCH
+    # a group's candidates carry their vectors until rescored: at most BATCH_CANDIDATES at once
+    group = max(1, BATCH_CANDIDATES // max(1, fetch * len(langs)))
+    hits: list[list[StoreHit]] = []
+    for a in range(0, len(queries), group):
+        part = queries[a:a + group]
+        found = candidates_per_language_batch(store, part, fetch, langs, ef)
+        if found is None:
+            return None
+        hits += [best_centred(store, means, query, pooled, k) for query, pooled in zip(part, found)]
+    return hits
 
 
 def best_centred(store: Any, means: LanguageMeans, query: np.ndarray, pooled: Sequence[Candidate], k: int,

@@ -337,6 +337,7 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
     correction (one scan) and with it (each language's candidates for all the queries), and
     its answers are those of Index.search, query by query; consensus goes query by query."""
     from vecplug.api import settings_for
+    from vecplug.adapters import bias
     from vecplug.adapters.bias import LanguageStats
     from vecplug.adapters.stores import flat
     from vecplug.api import Index
@@ -374,6 +375,16 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
             assert all(len(r) == 5 for r in batch)
         # the corrected batch is the search of every language, not only the query's
         assert len({h.lang for r in batch for h in r}) == 3
+        # in groups of queries whose candidates fit BATCH_CANDIDATES (5 x 2 of 3 languages each)
+        monkeypatch.setattr(bias, "BATCH_CANDIDATES", 60)
+        calls.clear()
+        grouped = index.search_batch(queries, 5, langs=qlangs)
+        assert calls == [("candidates_per_language_batch", 2)] * 2
+        assert [[h.id for h in r] for r in grouped] == [[h.id for h in r] for r in batch]
+        # one query is one query's search
+        calls.clear()
+        index.search_batch(queries[:1], 5, langs=qlangs[:1])
+        assert [name for name, _ in calls] == ["candidates_per_language"]
         calls.clear()
         index.search_batch(queries, 5, langs=qlangs, consensus=True)  # query by query
         assert {name for name, _ in calls} == {"candidates_per_language"} and len(calls) == 4

@@ -107,9 +107,8 @@ class FlatIndex:
 
     def resize_index(self, max_elements: int) -> None:
         """Room for ``max_elements`` rows, resized in place (realloc moves the pages: no second
-        copy of the vectors, and growing a row at a time costs no more than growing at once);
-        while something else holds a view of the rows, numpy refuses, and they are copied with
-        a quarter more room, so that copies stay rare."""
+        copy of the vectors); while something else holds a view of the rows, numpy refuses, and
+        they are copied with a quarter more room, so that copies stay rare."""
         if max_elements < self._count:
             raise RuntimeError("cannot resize below the number of vectors held")
         if not self._resize("_vectors", (max_elements, self.dim)):
