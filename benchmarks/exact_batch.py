@@ -9,7 +9,7 @@ queries by a million vectors takes a few hundred milliseconds; the rest is findi
 query's best columns in the product without reading all of it twice: vecplug's scan,
 ``adapters/stores/scan.py`` (its docstring), which the flat store's ``search_batch`` serves.
 
-Three kinds, each measured in its own turn, every one against ``ann_scale.py``'s exact top 10
+Four kinds, each measured in its own turn, every one against ``ann_scale.py``'s exact top 10
 (strict recall: the ids):
 
 - ``bfloat16 hi + lo``: the vectors kept as two bfloat16 halves ``hi + lo`` (``hi`` the vector
@@ -26,9 +26,9 @@ Three kinds, each measured in its own turn, every one against ``ann_scale.py``'s
 - ``flat store, corrected`` (``--corrected``): the same store built with a language per record
   (``ann_scale.py``'s six: record i's ``LANGS[i % 6]``, query q's ``LANGS[q % 6]``) and searched
   with the language-bias correction as ``Index.search_batch`` searches a pooled ``xy`` batch
-  (``bias.centred_search_batch``: each language's candidates for the whole batch, by one scan of
-  its rows, then each query's rescored by centred cosine), the language means those of the
-  base; recall against the exact top 10 by centred cosine (computed here).
+  (``bias.centred_search_batch``: each language's candidates for a group of queries, by one
+  scan of its rows, then each query's rescored by centred cosine), the language means those of
+  the base; recall against the exact top 10 by centred cosine (computed here).
 
 Usage::
 
@@ -403,7 +403,9 @@ def render(r: dict[str, Any]) -> str:
                      f"fewer than {kind.get('bf16_min_queries', 64)} queries multiplied in float32), "
                      if "build_s" in kind else "")
             out += [f"**{kind['kind']}**: {built}loaded in {kind['load_s']:.1f} s, {kind['rss_added'] / mb:,.0f} MB "
-                    f"(the process: {kind['rss'] / mb:,.0f} MB after loading, peak {kind['rss_peak'] / mb:,.0f} MB while searching)", "",
+                    f"(the process: {kind['rss'] / mb:,.0f} MB after loading, peak {kind['rss_peak'] / mb:,.0f} MB while searching)"
+                    + ("; recall against the exact top 10 by centred cosine (each vector less its language's mean, "
+                       "re-normalised)" if kind["kind"] == "flat store, corrected" else ""), "",
                     markdown_table(["threads", "batch", "ms per query", "batch p50 ms", "batch p95 ms", "recall@10",
                                     "candidates per query", "chunks read further"],
                                    [[str(x["threads"]), f"{x['batch']:,}", f"{x['per_query_ms']:.3f}",

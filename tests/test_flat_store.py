@@ -334,8 +334,8 @@ def test_a_flat_folder_is_the_flat_store_s_alone(tmp_path: Path) -> None:
 
 def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Index.search_batch hands a pooled batch to the store in one call, without the bias
-    correction (one scan) and with it (each language's candidates for all the queries), and
-    its answers are those of Index.search, query by query; consensus goes query by query."""
+    correction (one scan) and with it (each language's candidates for the queries, in groups),
+    and its answers are those of Index.search, query by query; consensus goes query by query."""
     from vecplug.api import settings_for
     from vecplug.adapters import bias
     from vecplug.adapters.bias import LanguageStats
