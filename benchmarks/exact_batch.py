@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ann_scale import K, LANGS, RowReader, _rss_now, _rss_peak  # noqa: E402
+from ann_scale import K, LANGS, RowReader, _merge_top, _rss_now, _rss_peak  # noqa: E402
 from bench_common import header_markdown, machine_info, markdown_table, run_main  # noqa: E402
 
 #: the most a score computed from bfloat16-rounded inputs (each entry within 2^-8 of its
@@ -278,21 +278,17 @@ def language_means(base: Path) -> Any:
 def centred_truth(base: Path, queries: np.ndarray, means: Any) -> np.ndarray:
     """The exact top ``K`` base rows of every query by centred cosine (query and rows each
     centred by its language's mean, re-normalised), in float64 products."""
-    import torch
-
-    Q = torch.from_numpy(means.centre(queries, _langs(0, len(queries)))).double()
-    best_s = torch.full((len(Q), K), -torch.inf, dtype=torch.float64)
-    best_i = torch.full((len(Q), K), -1, dtype=torch.int64)
+    Q = means.centre(queries, _langs(0, len(queries))).astype(np.float64)
+    best_s = np.full((len(Q), K), -np.inf)
+    best_i = np.full((len(Q), K), -1, dtype=np.int64)
     reader = RowReader(base)
     try:
         for a, rows in reader.chunks(BASE_CHUNK):
-            S = Q @ torch.from_numpy(means.centre(rows, _langs(a, len(rows)))).double().T
-            top_s, top_j = torch.cat([best_s, S], 1).topk(K, dim=1)
-            ids = torch.cat([best_i, torch.arange(a, a + len(rows)).expand(len(Q), -1)], 1)
-            best_s, best_i = top_s, torch.gather(ids, 1, top_j)
+            S = Q @ means.centre(rows, _langs(a, len(rows))).astype(np.float64).T
+            best_s, best_i = _merge_top(best_s, best_i, S, np.arange(a, a + len(rows)))
     finally:
         reader.close()
-    return best_i.numpy()
+    return best_i
 
 
 def _trim() -> None:

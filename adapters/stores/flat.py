@@ -187,12 +187,12 @@ class FlatStore(HnswStore):
             return found
 
     def _query_rows(self, vectors: np.ndarray) -> np.ndarray | None:
-        """Query vectors as float32 rows, once this reader follows the last commit; None when
-        there are none or the index holds no vector. Under the mutex."""
-        queries = np.concatenate([self._row(v, "query vector") for v in vectors]) if len(vectors) else vectors
-        if not len(vectors) or self._query_row(queries[0]) is None or not self._index.get_current_count():
+        """The (queries, dim) float32 ``vectors`` of :func:`_batch`, once this reader follows the
+        last commit (their width checked on the first); None when there are none or the index
+        holds no vector. Under the mutex."""
+        if not len(vectors) or self._query_row(vectors[0]) is None or not self._index.get_current_count():
             return None
-        return queries
+        return vectors
 
     def _scan(self, queries: np.ndarray, k: int,
               select: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:

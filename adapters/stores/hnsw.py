@@ -148,6 +148,17 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, kind="stable")
 
 
+#: values bound in one ``IN (...)`` statement (SQLite's bound variables: 999 in older builds)
+IN_PART = 500
+
+
+def _in_parts(values: Sequence[Any]) -> Iterator[tuple[list[Any], str]]:
+    """``values`` in parts of :data:`IN_PART`, each with its ``?,?,...`` placeholders."""
+    for i in range(0, len(values), IN_PART):
+        part = list(values[i:i + IN_PART])
+        yield part, ",".join("?" * len(part))
+
+
 def _foreign_files(folder: Path, marker: str | None = None) -> list[str]:
     """The names in ``folder`` that an hnswlib index in the making would not leave behind
     (a creation cut short leaves only its lock and temporary files, and ``marker``: the file
@@ -803,9 +814,7 @@ class HnswStore(VectorStore):
         not have loaded yet: a record it added has a label past the graph's (labels are never
         reused) and counts as absent here."""
         labels: dict[str, int] = {}
-        for i in range(0, len(ids), 500):
-            part = list(ids[i:i + 500])
-            marks = ",".join("?" * len(part))
+        for part, marks in _in_parts(ids):
             labels.update(self._sql(f"SELECT id, label FROM records WHERE id IN ({marks}) AND label < ?",
                                     [*part, self._next_label]))
         return labels
@@ -822,9 +831,7 @@ class HnswStore(VectorStore):
     def get(self, ids: Sequence[str]) -> list[Record]:
         self._rows_current()
         found: dict[str, Record] = {}
-        for i in range(0, len(ids), 500):
-            part = list(ids[i:i + 500])
-            marks = ",".join("?" * len(part))
+        for part, marks in _in_parts(ids):
             found.update((r.id, r) for _, r in self._records(f"id IN ({marks})", part))
         return [found[i] for i in ids if i in found]
 
@@ -952,9 +959,7 @@ class HnswStore(VectorStore):
     def _langs_of(self, labels: Sequence[int]) -> list[str]:
         """The languages of records by label (``und`` for none, and for a label gone)."""
         found: dict[int, str] = {}
-        for i in range(0, len(labels), 500):
-            part = list(labels[i:i + 500])
-            marks = ",".join("?" * len(part))
+        for part, marks in _in_parts(labels):
             found.update(self._sql(f"SELECT label, COALESCE(lang, 'und') FROM records WHERE label IN ({marks})", part))
         return [found.get(int(lab), centring.UND) for lab in labels]
 
@@ -1136,12 +1141,10 @@ class HnswStore(VectorStore):
                 for i, (lab, score) in enumerate(pairs) if lab in by_label]
 
     def _records_by_label(self, labels: Sequence[int]) -> dict[int, Record]:
-        """The records of ``labels`` that exist, read 500 labels a statement (SQLite's bound
-        variables)."""
+        """The records of ``labels`` that exist."""
         found: dict[int, Record] = {}
-        for i in range(0, len(labels), 500):
-            part = list(labels[i:i + 500])
-            found.update(self._records(f"label IN ({','.join('?' * len(part))})", part))
+        for part, marks in _in_parts(labels):
+            found.update(self._records(f"label IN ({marks})", part))
         return found
 
     # -- writing -----------------------------------------------------------
