@@ -14,11 +14,12 @@ time, needs no re-encoding, and survives incremental updates.
 Because stored vectors stay as encoded, the ANN graph is not built on centred vectors. A
 corrected search therefore asks the store for each language of the pool separately (a
 language filter: inside one language the mean is a constant, so the store's own ranking
-is nearly the centred one) and rescores those candidates exactly with centred vectors. A
-language the store finds by a filtered graph walk is walked from inside its own region
-(:data:`WALK_SHIFT`): the centred query lies outside every language's region, and a walk
-from there for a language of a few percent of a large index visited many of the other
-languages' nodes first.
+is nearly the centred one) and rescores those candidates exactly with centred vectors (a
+store that ranks by centred cosine itself, the flat store, gives each language's exact best
+instead: ``centred_candidates_per_language``). A language the store finds by a filtered
+graph walk is walked from inside its own region (:data:`WALK_SHIFT`): the centred query lies
+outside every language's region, and a walk from there for a language of a few percent of a
+large index visited many of the other languages' nodes first.
 
 A store built with a graph of language-centred vectors (the hnswlib store's ``centred``
 option: ``stores/centring.py``) answers a search of every language in one walk instead
@@ -36,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vecplug.adapters.stores import centring
-from vecplug.adapters.stores.base import (Candidate, StoreHit, candidates_per_language, candidates_per_language_batch,
-                                          centred_candidates, hit_vectors, row_dots)
+from vecplug.adapters.stores.base import (Candidate, StoreHit, candidates_per_language, centred_candidates,
+                                          centred_candidates_per_language, hit_vectors, row_dots)
 
 if TYPE_CHECKING:
     from vecplug.adapters.consensus import Consensus
@@ -209,7 +210,11 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
         # each language's own best, and a chosen set of languages is searched language by language)
         pooled = centred_candidates(store, query, k * CENTRED_OVERFETCH, ef)
     if pooled is None:
-        pooled = candidates_per_language(store, query, fetch, langs, ef, walk_vectors(means, query, langs))
+        # a store that ranks by centred cosine itself needs no overfetch: its best are the best
+        exact = centred_candidates_per_language(store, query[None], k if consensus is None else fetch, langs,
+                                                _means_of(means, langs))
+        pooled = exact[0] if exact is not None else candidates_per_language(
+            store, query, fetch, langs, ef, walk_vectors(means, query, langs))
     return best_centred(store, means, query, pooled, k, consensus)
 
 
@@ -217,21 +222,26 @@ def centred_search_batch(store: Any, means: LanguageMeans, vectors: np.ndarray,
                          query_langs: Sequence[str | None], k: int, langs: Sequence[str],
                          ef: int | None = None) -> list[list[StoreHit]] | None:
     """:func:`centred_search` (without consensus) of many query vectors, their candidates from
-    one store call per group of queries (``candidates_per_language_batch``: the flat store
-    scans each language once for them all); None from a store that answers query by query (the
-    caller asks :func:`centred_search` for each)."""
+    one store call per group of queries (``centred_candidates_per_language``: the flat store
+    scans each language once for them all, ranking by centred cosine); None from a store that
+    answers query by query (the caller asks :func:`centred_search` for each)."""
     queries = means.centre(np.asarray(vectors, dtype=np.float32), list(query_langs))
-    fetch = k * OVERFETCH
+    of_langs = _means_of(means, langs)
     # a group's candidates carry their vectors until rescored: at most BATCH_CANDIDATES at once
-    group = max(1, BATCH_CANDIDATES // max(1, fetch * len(langs)))
+    group = max(1, BATCH_CANDIDATES // max(1, k * len(langs)))
     hits: list[list[StoreHit]] = []
     for a in range(0, len(queries), group):
         part = queries[a:a + group]
-        found = candidates_per_language_batch(store, part, fetch, langs, ef)
+        found = centred_candidates_per_language(store, part, k, langs, of_langs)
         if found is None:
             return None
         hits += [best_centred(store, means, query, pooled, k) for query, pooled in zip(part, found)]
     return hits
+
+
+def _means_of(means: LanguageMeans, langs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Each language's mean, as documents of it are centred (:meth:`LanguageMeans.centre`)."""
+    return {lang: means.of(lang) for lang in langs}
 
 
 def best_centred(store: Any, means: LanguageMeans, query: np.ndarray, pooled: Sequence[Candidate], k: int,

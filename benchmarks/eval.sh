@@ -12,7 +12,8 @@
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
 #      INDEX (default: a temporary folder; give one to reuse the encoded pool),
 #      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those; also eval-gate-int8,
-#      and eval-centred: the index with a graph of language-centred vectors),
+#      eval-centred: the index with a graph of language-centred vectors, and eval-flat: the
+#      flat store's exact search beside the hnswlib store's),
 #      GATES (default: "0.02 0.045 0.08 0.13": the student's margins at its 20th, 40th, 60th
 #      and 80th percentiles on this set, with the correction: benchmarks/results/eval-gate/).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -54,7 +55,17 @@ for name in $RUNS; do
                       --consensus both --out "$out" --summary-only -q > "$tmp/eval-centred-$graph.md"
               done ;;
         eval-gate-int8) gated eval-gate-int8 teacher:int8 int8 ;;
-        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8 eval-centred)" >&2; exit 2 ;;
+        # the same documents in the flat store (exact search: its corrected search ranks each
+        # language's documents by centred cosine itself), beside the hnswlib store's index
+        # searched the same way (eval-flat/hnswlib/: the corrected search rescores each
+        # language's best by plain cosine)
+        eval-flat) for store in hnswlib flat; do
+                  out="$tmp/eval-flat"; [[ $store == hnswlib ]] && out="$tmp/eval-flat/hnswlib"
+                  VECPLUG_INDEX_STORE=$store "$VECPLUG" eval "$data" --index "$index-$store" \
+                      --query-encoder me5-small --query-encoder "$STUDENT" --mode xy --mode mono \
+                      --debias both --out "$out" --summary-only -q > "$tmp/eval-flat-$store.md"
+              done ;;
+        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8 eval-centred eval-flat)" >&2; exit 2 ;;
     esac
 done
 # results replace the previous ones only when every run asked for finished
@@ -62,7 +73,7 @@ for name in $RUNS; do
     rm -rf "$here/results/$name"
     mv "$tmp/$name" "$here/results/$name"
     cat "$here/results/$name/report.md"
-    for sub in teacher plain; do
+    for sub in teacher plain hnswlib; do
         if [[ -f "$here/results/$name/$sub/report.md" ]]; then cat "$here/results/$name/$sub/report.md"; fi
     done
 done

@@ -26,8 +26,8 @@ Four kinds, each measured in its own turn, every one against ``ann_scale.py``'s 
 - ``flat store, corrected`` (``--corrected``): the same store built with a language per record
   (``ann_scale.py``'s six: record i's ``LANGS[i % 6]``, query q's ``LANGS[q % 6]``) and searched
   with the language-bias correction as ``Index.search_batch`` searches a pooled ``xy`` batch
-  (``bias.centred_search_batch``: each language's candidates for a group of queries, by one
-  scan of its rows, then each query's rescored by centred cosine), the language means those of
+  (``bias.centred_search_batch``: each language's best by centred cosine for a group of
+  queries, by one scan of its rows, then each query's best of those), the language means those of
   the base; recall against the exact top 10 by centred cosine (computed here).
 
 Usage::

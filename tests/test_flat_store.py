@@ -72,6 +72,43 @@ def test_the_scan_of_selected_rows_finds_their_exact_top_k() -> None:
         scan.scan(Q, X, 10, count=5, select=torch.from_numpy(select))
 
 
+@pytest.mark.parametrize("lower", [0.0, 1.0])
+def test_the_scan_with_offset_and_scale_finds_the_exact_top_k(lower: float) -> None:
+    """Scores ``(q.x - offset) * scale`` (a language's centred cosines: ``scale`` 1/|x - m|,
+    ``offset`` q.m; ``lower`` added to the offset makes every score negative) ranked exactly,
+    the rows in order of their scale or in any order, in bfloat16 and float32; ranking by
+    ``q.x`` alone would not do (the scales reorder the rows)."""
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    base, queries = crowded_vectors(9_000, 64, seed=5)
+    rng = np.random.default_rng(5)
+    mean = base[:500].mean(0) + 0.02 * rng.standard_normal(64).astype(np.float32)
+    norms = np.linalg.norm(base - mean, axis=1)
+    queries = queries - mean
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    every = (queries.astype(np.float64) @ (base - mean).T - lower) / norms
+    ids = np.argsort(-every, axis=1, kind="stable")[:, :10]
+    scores = np.take_along_axis(every, ids, 1)
+    assert (scores < 0).all() if lower else (scores > 0).all()
+    plain, _ = exact_top_k(base, queries, 20)
+    assert np.mean([len(set(a) & set(b)) for a, b in zip(ids, plain)]) < 8  # reordered
+    Q, X = torch.from_numpy(queries), torch.from_numpy(base)
+    offset = Q @ torch.from_numpy(mean) + lower
+    bf16_slack, f32_slack = _bounds(Q, X)
+    for order in (np.argsort(norms), rng.permutation(9_000)):
+        scale = torch.from_numpy((1 / norms[order]).astype(np.float32))
+        for kw in ({"bfloat16": True, "slack": bf16_slack}, {"slack": f32_slack}):
+            for chunk in (1000, None):
+                found, found_scores, _ = scan.scan(Q, X, 10, chunk=chunk, select=torch.from_numpy(order),
+                                                   offset=offset, scale=scale, **kw)
+                assert [set(r) for r in found.numpy()] == [set(r) for r in ids]
+                assert np.abs(found_scores.numpy() - scores).max() < 1e-5
+    with pytest.raises(ValueError):
+        scan.scan(Q, X, 10, offset=offset, scale=scale[:5])
+
+
 def test_without_its_slack_the_bfloat16_scan_misses() -> None:
     """The data above needs the slack: a scan without one loses true top-10 rows (what makes
     the test above a test of the bound)."""
@@ -284,6 +321,73 @@ def test_search_batch_is_the_exact_search_of_each_query(tmp_path: Path, monkeypa
         store.close()
 
 
+def test_the_corrected_search_is_exact_by_centred_cosine(tmp_path: Path) -> None:
+    """The language-bias correction on the flat store, a batch and one query at a time, finds
+    the exact top 10 by centred cosine (``cos(q - m[lang(q)], d - m[lang(d)])``, brute force),
+    on vectors whose language shifts them and where each language's best by plain cosine are
+    not its best centred; after a write that moves the means, with other means, and in a reader
+    that followed a commit which moved rows, by those."""
+    from vecplug.adapters import bias
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import get_store_class, scan
+
+    langs = ("en", "de", "fr")
+    base, queries = crowded_vectors(6_000, DIM, seed=8, queries=scan.BF16_MIN_QUERIES + 6)
+    rng = np.random.default_rng(8)
+    shifts = 0.3 * rng.standard_normal((3, DIM)).astype(np.float32) / np.sqrt(DIM)
+    base = base + shifts[np.arange(6_000) % 3]
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    qlangs = [langs[i % 3] for i in range(len(queries))]
+    store = get_store_class("flat").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+
+    def exact(means: Any, docs: Any, pool: tuple[str, ...] = langs) -> list[list[str]]:
+        """Each query's exact top 10 ids among the documents ``docs`` (numbers) of ``pool``."""
+        docs = np.asarray([i for i in docs if langs[i % 3] in pool])
+        centred = means.centre(base[docs], [langs[i % 3] for i in docs])
+        ids, _ = exact_top_k(centred, means.centre(queries, qlangs), 10)
+        return [[f"d{docs[j]}" for j in row] for row in ids]
+
+    def ids(found: Any) -> list[list[str]]:
+        return [[h.record.id for h in hits] for hits in found]
+
+    try:
+        for a, n in ((0, 4_500), (4_500, 6_000)):  # the second write moves the means
+            store.upsert(_records(n)[a:], base[a:n])
+            store.commit()
+            stats = LanguageStats(DIM)
+            stats.add([langs[i % 3] for i in range(n)], base[:n])
+            means = stats.means()
+            want = exact(means, range(n))
+            for precision in ("bfloat16", "float32"):
+                store._options["precision"] = precision
+                assert ids(bias.centred_search_batch(store, means, queries, qlangs, 10, list(langs))) == want
+            one = [bias.centred_search(store, means, q, ql, 10, list(langs)) for q, ql in zip(queries[:8], qlangs)]
+            assert ids(one) == want[:8]
+        # other means, no write: ranked by them, not by the last ones
+        other = bias.LanguageMeans({lang: m + 0.2 * unit_vectors(1, DIM, seed=i)[0]
+                                    for i, (lang, m) in enumerate(means.by_lang.items())}, means.overall)
+        assert ids(bias.centred_search_batch(store, other, queries, qlangs, 10, list(langs))) == exact(other, range(6_000))
+        # a reader follows a commit that moved rows (a delete: the last row, d5999, a French
+        # one, takes the deleted one's place) and left French's mean as it was
+        reader = get_store_class("flat").open(str(tmp_path / "idx"), {})
+        try:
+            assert ids(bias.centred_search_batch(reader, means, queries, qlangs, 10, ["fr"])) == exact(
+                means, range(6_000), ("fr",))
+            store.delete(["d1"])  # German
+            store.commit()
+            assert ids(bias.centred_search_batch(reader, means, queries, qlangs, 10, ["fr"])) == exact(
+                means, range(6_000), ("fr",))
+        finally:
+            reader.close()
+        # what the correction found before: each language's best 20 by plain cosine, rescored
+        centred_queries = means.centre(queries, qlangs)
+        old = [bias.best_centred(store, means, q, store.candidates_per_language(q, 20, list(langs)), 10)
+               for q in centred_queries]
+        assert ids(old) != want
+    finally:
+        store.close()
+
+
 def test_an_empty_flat_store_and_wrong_queries(tmp_path: Path) -> None:
     from vecplug.adapters.stores import get_store_class
     from vecplug.errors import ModelMismatchError
@@ -353,7 +457,7 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
     stats.add([r.lang for r in records], vectors)
     store.commit(stats.to_manifest())
     calls: list[tuple[str, int]] = []
-    for name in ("search_batch", "candidates_per_language_batch", "candidates_per_language"):
+    for name in ("search_batch", "centred_candidates_per_language", "candidates_per_language"):
         def spy(self: Any, *a: Any, _name: str = name, _real: Any = getattr(flat.FlatStore, name), **kw: Any) -> Any:
             calls.append((_name, len(np.atleast_2d(a[0]))))
             return _real(self, *a, **kw)
@@ -364,7 +468,7 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
     try:
         queries = ["word3 thing5", "other2 word7", "thing1", "word49 other6 thing12"]
         qlangs = ["en", "de", "fr", None]
-        for debias, method in ((False, "search_batch"), (True, "candidates_per_language_batch")):
+        for debias, method in ((False, "search_batch"), (True, "centred_candidates_per_language")):
             calls.clear()
             batch = index.search_batch(queries, 5, langs=qlangs, debias=debias)
             assert calls == [(method, 4)]
@@ -375,19 +479,19 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
             assert all(len(r) == 5 for r in batch)
         # the corrected batch is the search of every language, not only the query's
         assert len({h.lang for r in batch for h in r}) == 3
-        # in groups of queries whose candidates fit BATCH_CANDIDATES (5 x 2 of 3 languages each)
-        monkeypatch.setattr(bias, "BATCH_CANDIDATES", 60)
+        # in groups of queries whose candidates fit BATCH_CANDIDATES (5 of 3 languages each)
+        monkeypatch.setattr(bias, "BATCH_CANDIDATES", 30)
         calls.clear()
         grouped = index.search_batch(queries, 5, langs=qlangs)
-        assert calls == [("candidates_per_language_batch", 2)] * 2
+        assert calls == [("centred_candidates_per_language", 2)] * 2
         assert [[h.id for h in r] for r in grouped] == [[h.id for h in r] for r in batch]
-        # one query is one query's search
+        # one query is one query's search (the flat store ranks it by centred cosine too)
         calls.clear()
         index.search_batch(queries[:1], 5, langs=qlangs[:1])
-        assert [name for name, _ in calls] == ["candidates_per_language"]
+        assert calls == [("centred_candidates_per_language", 1)]
         calls.clear()
         index.search_batch(queries, 5, langs=qlangs, consensus=True)  # query by query
-        assert {name for name, _ in calls} == {"candidates_per_language"} and len(calls) == 4
+        assert calls == [("centred_candidates_per_language", 1)] * 4
     finally:
         index.close()
 

@@ -137,12 +137,13 @@ def candidates_per_language(store: "VectorStore", vector: np.ndarray, k: int, la
     return store.candidates_per_language(vector, k, langs, ef=ef)
 
 
-def candidates_per_language_batch(store: "VectorStore", vectors: np.ndarray, k: int, langs: Sequence[str],
-                                  ef: int | None = None) -> list[list[Candidate]] | None:
-    """``store.candidates_per_language_batch``; None from a store without the method (a plugin's
-    that does not subclass :class:`VectorStore`), as from one that answers query by query."""
-    method = getattr(store, "candidates_per_language_batch", None)
-    return None if method is None else method(vectors, k, langs, ef=ef)
+def centred_candidates_per_language(store: "VectorStore", vectors: np.ndarray, k: int, langs: Sequence[str],
+                                    means: Mapping[str, np.ndarray]) -> list[list[Candidate]] | None:
+    """``store.centred_candidates_per_language``; None from a store without the method (a
+    plugin's that does not subclass :class:`VectorStore`), as from one that cannot rank by
+    centred cosine itself."""
+    method = getattr(store, "centred_candidates_per_language", None)
+    return None if method is None else method(vectors, k, langs, means)
 
 
 def centred_candidates(store: "VectorStore", vector: np.ndarray, k: int,
@@ -316,12 +317,14 @@ class VectorStore(ABC):
             out += self.candidates(vector, k, [lang], ef=ef)
         return out
 
-    def candidates_per_language_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str], *,
-                                      ef: int | None = None) -> list[list[Candidate]] | None:
-        """:meth:`candidates_per_language` of each row of ``vectors`` (without walk hints), from
-        a store that answers many queries at once for less (the flat store: one scan of each
-        language's rows for them all). None (this default): the caller asks
-        :meth:`candidates_per_language` one query at a time."""
+    def centred_candidates_per_language(self, vectors: np.ndarray, k: int, langs: Sequence[str],
+                                        means: Mapping[str, np.ndarray]) -> list[list[Candidate]] | None:
+        """For each row of ``vectors`` (queries centred by their languages' means), each
+        language of ``langs``'s exact best ``k`` by centred cosine, ``cos(q, d - means[lang])``
+        (the language-bias correction's score, ``adapters/bias.py``), with their vectors as given
+        to :meth:`upsert`, from a store that can rank its rows so (the flat store: one scan of
+        each language's rows for all the queries). None (this default): the correction then asks
+        :meth:`candidates_per_language` for each query and rescores what it finds."""
         return None
 
     def centred_candidates(self, vector: np.ndarray, k: int, *, ef: int | None = None) -> list[Candidate] | None:

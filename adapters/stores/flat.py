@@ -15,8 +15,9 @@ step at a time (``scan.BF16_MIN_QUERIES``; fewer queries are multiplied in float
 each query's floor inside the product and the few candidates above it rescored in float32:
 still exact (the slack is a bound, ``scan.error_bound``). In batches of 1,000 at a million
 vectors: 2.7-2.9 ms a query on that Zen 4 machine; the bare scan took 0.71 ms on one with AMX.
-:meth:`FlatStore.candidates_per_language_batch` scans each language's rows the same way (in
-place, a step at a time), for the language-bias correction of a batch. Evaluation, offline
+:meth:`FlatStore.centred_candidates_per_language` scans each language's rows the same way (in
+place, a step at a time), ranking them by centred cosine, for the language-bias correction of
+a batch or of one query: exact too. Evaluation, offline
 labelling and deduplication ask in batches; an interactive search asks one query at a time,
 where the hnswlib store's graph is the faster.
 """
@@ -62,6 +63,12 @@ class FlatStore(HnswStore):
     marker = ".store-flat"
     graph_suffix = ".flat"
     defaults: dict[str, Any] = {"precision": "auto"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # per language: (index version, mean), its rows in order of their centring scale, the
+        # scales (_centring); forgotten with the filters, at a write or a commit followed
+        self._centrings: dict[str, tuple[tuple[int, bytes], np.ndarray, Any]] = {}
 
     @classmethod
     def create(cls, location: str, dim: int, manifest: dict[str, Any], options: dict[str, Any]) -> "FlatStore":
@@ -131,6 +138,10 @@ class FlatStore(HnswStore):
         labels = np.asarray([r[0] for r in self._labels_in(langs)], dtype=np.int64)
         return labels, _Rows(labels, self._present(self._index.rows(labels)), self._index.version)
 
+    def _forget_filters(self) -> None:
+        super()._forget_filters()
+        self._centrings.clear()
+
     def _filtered_knn(self, vector: np.ndarray, k: int, allowed: Any, ef: int | None) -> list[tuple[int, float]]:
         return self._knn(vector, min(k, len(allowed)), allowed, ef)
 
@@ -163,11 +174,15 @@ class FlatStore(HnswStore):
             return self._hits_batch([list(zip(labels[rows].tolist(), scores.tolist()))
                                      for rows, scores in self._scan(queries, k, select)])
 
-    def candidates_per_language_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str], *,
-                                      ef: int | None = None) -> list[list[Candidate]] | None:
-        """:meth:`candidates_per_language` of each row of ``vectors``, by one scan of each
-        language's rows for them all (read where they are, a step at a time): the same exact
-        candidates, as the language-bias correction of a batch asks for them."""
+    def centred_candidates_per_language(self, vectors: np.ndarray, k: int, langs: Sequence[str],
+                                        means: Mapping[str, np.ndarray]) -> list[list[Candidate]] | None:
+        """Each language's exact best ``k`` by centred cosine for each row of ``vectors`` (see
+        the base class), by one scan of the language's rows for them all, read where they are:
+        ``q.(x - m) / |x - m|`` is ``(q.x - q.m) * scale``, a product less a constant per query,
+        times a constant per row (``scan.scan``'s ``offset`` and ``scale``; the rows in order of
+        their scale, so a step's rows share about one). Exact, where ranking by ``q.x`` and
+        rescoring the best few is not: centring re-normalises each row by its distance from
+        its language's mean, which reorders them (README, "Read as throughput")."""
         vectors = _batch(vectors)
         if self._centred:
             return None
@@ -178,13 +193,35 @@ class FlatStore(HnswStore):
                 return found
             index = self._index
             for lang in langs:
-                rows = self._current_rows(self._filter_for((lang,))[1])
+                mean = np.asarray(means[lang], dtype=np.float32)
+                rows, scale = self._centring(lang, mean)
                 if not len(rows):
                     continue
-                for out, (best, scores) in zip(found, self._scan(queries, k, rows)):
+                for out, (best, scores) in zip(found, self._scan(queries, k, rows, offset=queries @ mean,
+                                                                 scale=scale)):
                     out += [Candidate(int(label), lang, float(score), vector) for label, score, vector in
                             zip(index.labels[best], scores, index.vectors[best])]
             return found
+
+    def _centring(self, lang: str, mean: np.ndarray) -> tuple[np.ndarray, Any]:
+        """The rows of ``lang`` in order of ``1 / |x - mean|`` (largest first) and those scales
+        (a float32 tensor), kept until the index or the mean changes. Under the mutex."""
+        import torch
+
+        key = (self._index.version, mean.tobytes())
+        kept = self._centrings.get(lang)
+        if kept is not None and kept[0] == key:
+            return kept[1], kept[2]
+        rows = self._current_rows(self._filter_for((lang,))[1]).astype(np.int64)
+        vectors, m = torch.from_numpy(self._index.vectors), torch.from_numpy(mean)
+        chosen = torch.from_numpy(rows)
+        norms = torch.cat([(vectors.index_select(0, chosen[a:a + scan.CONVERT_ROWS]) - m).norm(dim=1)
+                           for a in range(0, len(rows), scan.CONVERT_ROWS)]) if len(rows) else torch.empty(0)
+        # (a row at the mean: centring divides by at least 1e-12, as bias.centre does)
+        scale = 1.0 / norms.clamp_min(1e-12)
+        order = torch.argsort(scale, descending=True)
+        self._centrings[lang] = (key, rows[order.numpy()], scale[order])
+        return self._centrings[lang][1], self._centrings[lang][2]
 
     def _query_rows(self, vectors: np.ndarray) -> np.ndarray | None:
         """The (queries, dim) float32 ``vectors`` of :func:`_batch`, once this reader follows the
@@ -194,10 +231,11 @@ class FlatStore(HnswStore):
             return None
         return vectors
 
-    def _scan(self, queries: np.ndarray, k: int,
-              select: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _scan(self, queries: np.ndarray, k: int, select: np.ndarray | None = None,
+              offset: np.ndarray | None = None, scale: Any = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each query's exact best ``k`` rows of the flat index (of the rows ``select``, if
-        given) and their scores, best first, by ``scan.scan`` (module docstring). Under the mutex."""
+        given) and their scores, best first, by ``scan.scan`` (module docstring; ``offset``, one
+        per query, and ``scale``, one per row of ``select``: its score). Under the mutex."""
         import torch
 
         index = self._index
@@ -212,7 +250,9 @@ class FlatStore(HnswStore):
             use_bf16 = precision == "bfloat16" and len(Q) >= scan.BF16_MIN_QUERIES
             slack = (scan.error_bound(Q, index.row_norm, index.residual_norm) if use_bf16
                      else scan.accumulation_bound(Q, index.row_norm))
-            ids, scores, _ = scan.scan(Q, rows, k, bfloat16=use_bf16, slack=slack, select=chosen)
+            shift = None if offset is None else torch.from_numpy(np.ascontiguousarray(offset[a:a + BATCH]))
+            ids, scores, _ = scan.scan(Q, rows, k, bfloat16=use_bf16, slack=slack, select=chosen,
+                                       offset=shift, scale=scale)
             for r_ids, r_scores in zip(ids.numpy(), scores.numpy()):
                 keep = r_ids >= 0
                 found.append((r_ids[keep], r_scores[keep]))

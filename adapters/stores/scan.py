@@ -131,7 +131,8 @@ def padded(rows: Any, values: Any, groups: int, fill: float, width: int = 1) -> 
 
 def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bool = False,
          slack: Any = 0.0, chunk: int | None = None, count: int | None = None,
-         select: Any | None = None) -> tuple[Any, Any, dict[str, float]]:
+         select: Any | None = None, offset: Any | None = None,
+         scale: Any | None = None) -> tuple[Any, Any, dict[str, float]]:
     """Exact top ``k`` of every row of ``queries`` (a float32 tensor) among the first ``count``
     (default: all) of ``rows``, or among the rows ``select`` (an int64 tensor of row numbers:
     gathered a step at a time, no copy of them all): (ids ``(B, k)``: row numbers of ``rows``,
@@ -141,9 +142,15 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
     ``rows`` float32: scanned in float32, or with ``bfloat16`` converted a step at a time and
     multiplied in bfloat16 (candidates are rescored from the float32 rows). ``rows`` bfloat16:
     ``hi`` of :func:`split`, with ``lo`` for the rescoring. ``slack`` (a number or one per query):
-    the most an approximate score may be off: :func:`error_bound` for bfloat16,
+    the most an approximate product may be off: :func:`error_bound` for bfloat16,
     :func:`accumulation_bound` for float32 (module docstring). Counts:
-    candidates per query, the share of (query, step) pairs read further."""
+    candidates per query, the share of (query, step) pairs read further.
+
+    With ``offset`` (one per query) and ``scale`` (one positive number per row scanned, in the
+    order scanned: ``select``'s, or the rows'), the score ranked is ``(q . x - offset) * scale``
+    instead of ``q . x`` (the language-bias correction's centred cosine of a language's rows:
+    ``q.(x - m) / |x - m|``). A step's floor is then taken at the step's loosest scale, so the
+    scan is exact still, and reads little more when the rows come in order of their scale."""
     import torch
 
     approximate = rows.dtype == torch.bfloat16 or bfloat16
@@ -161,9 +168,12 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
     B = len(queries)
     if k <= 0 or B == 0:
         return (torch.empty((B, 0), dtype=torch.int64), torch.empty((B, 0)), {"candidates": 0.0, "read_share": 0.0})
-    # how far below the k-th best approximate score a true top-k row can score: twice (the k-th
-    # best is approximate too) an approximate score's error
-    room = 2 * torch.as_tensor(slack, dtype=torch.float32).expand(B)
+    # the most an approximate product (before its rounding to bfloat16) is off
+    error = torch.as_tensor(slack, dtype=torch.float32).expand(B)
+    shift_by = torch.zeros(B) if offset is None else torch.as_tensor(offset, dtype=torch.float32).reshape(B)
+    scale = None if scale is None else torch.as_tensor(scale, dtype=torch.float32)
+    if scale is not None and len(scale) != n:
+        raise ValueError(f"scan got {len(scale)} scales for {n} rows")
     # fewer queries, longer steps: the same scores a step, fewer steps (each has a fixed cost)
     chunk = chunk or max(CHUNK, STEP_SCORES // B)
     if (approximate and rows.dtype != torch.bfloat16) or select is not None:
@@ -174,6 +184,18 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         part = rows[a:min(a + chunk, n)] if select is None else rows.index_select(0, select[a:min(a + chunk, n)])
         return part.to(torch.bfloat16) if approximate else part.float()
 
+    def bounds(products: Any, margin: Any, at: Any, cols: Any) -> tuple[Any, Any]:
+        """Lower and upper bounds of the scores of queries ``at`` and columns ``cols`` (row
+        numbers in the order scanned) whose products came out as ``products``, ``margin`` the
+        most their rounding to bfloat16 moved them."""
+        low = products - margin - error[at] - shift_by[at]
+        high = products + margin + error[at] - shift_by[at]
+        if scale is None:
+            return low, high
+        return low * scale[cols], high * scale[cols]
+
+    # each query's best k lower bounds of scores so far: the k-th is a lower bound of its k-th
+    # best score, and a row whose upper bound falls below it is no candidate
     best = torch.full((B, k), -torch.inf)
     # a floor from the start: the k-th best of the first columns (a lower bound of the final
     # one); otherwise the first step would admit all its columns as candidates (1,000 queries x
@@ -183,14 +205,24 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         first = (q @ block(0)[:CHUNK].T).float()
         if first.shape[1] >= k:
             # a bfloat16 product's rounding (2^-8 relatively) taken off: a lower bound still
-            kth = first.topk(k, dim=1).values[:, -1]
-            start = kth - (2 * BF16_U * kth.abs() if approximate else 0) - room
+            width = first.shape[1]
+            low, _ = bounds(first, 2 * BF16_U * first.abs() if approximate else 0.0,
+                            torch.arange(B)[:, None], torch.arange(width)[None, :])
+            start = low.topk(k, dim=1).values[:, -1]
+            del low
         del first
     rows_found, cols_found, values_found = [], [], []
     read = 0
     for a in range(0, n, chunk):
         X = block(a)
-        floor = torch.maximum(best[:, -1] - room, start)
+        limit_score = torch.maximum(best[:, -1], start)
+        # the same floor as a product: a column can hold a score above it only if its product
+        # is at least ``floor`` (at the step's loosest scale: its largest for a positive floor)
+        if scale is None:
+            floor = shift_by - error + limit_score
+        else:
+            part = scale[a:a + len(X)]
+            floor = shift_by - error + limit_score / torch.where(limit_score >= 0, part.max(), part.min())
         if approximate and bool(torch.isfinite(floor).all()):
             # the product less a shift just below each query's floor, added inside the product
             # (before its rounding to bfloat16): the scores that matter are then near zero,
@@ -214,20 +246,20 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         if shift is None:
             r, c = (sub >= limit[hit, None]).nonzero(as_tuple=True)
             values = sub[r, c].float()
-            low = high = values
+            # (a bfloat16 product here is one before any floor: rounded as a whole)
+            margin: Any = 2 * BF16_U * values.abs() if approximate else 0.0
         else:
             r, c = (sub.view(torch.int16) >= limit[hit, None].view(torch.int16)).nonzero(as_tuple=True)
             shifted = sub[r, c].float()
             values = shifted + shift[hit[r]].float()
             # the product rounded to bfloat16 after the shift: within 2^-8 of it, relatively
             margin = 2 * BF16_U * shifted.abs()
-            low, high = values - margin, values + margin
-        # the step's candidates join each query's running best k (as lower bounds: the floor
-        # must never rise above a true top-k row)
+        low, high = bounds(values, margin, hit[r], c + a)
+        # the step's candidates join each query's running best k lower bounds
         table, _ = padded(r, low, len(hit), -torch.inf)
         best[hit] = torch.cat([best[hit], table], 1).topk(k, dim=1).values
         # what the raised floor no longer admits goes now
-        keep = high >= torch.maximum(best[hit, -1] - room[hit], start[hit])[r]
+        keep = high >= torch.maximum(best[hit, -1], start[hit])[r]
         rows_found.append(hit[r[keep]])
         cols_found.append(c[keep] + a)
         values_found.append(high[keep])
@@ -236,14 +268,18 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
                 {"candidates": 0.0, "read_share": 0.0})
     found, cols, values = torch.cat(rows_found), torch.cat(cols_found), torch.cat(values_found)
     # the final thresholds: what an earlier, lower one let in goes
-    keep = values >= torch.maximum(best[:, -1] - room, start)[found]
+    keep = values >= torch.maximum(best[:, -1], start)[found]
     found, cols = found[keep], cols[keep]
     order = torch.argsort(found, stable=True)  # query by query
     found, cols = found[order], cols[order]
+    scales = None if scale is None else scale[cols]
     if select is not None:
         cols = select[cols]
     exact = torch.cat([(queries[found[i:i + RESCORE]].float() * _rows(rows, lo, cols[i:i + RESCORE])).sum(1)
                        for i in range(0, len(found), RESCORE)]) if len(found) else torch.empty(0)
+    exact = exact - shift_by[found]
+    if scales is not None:
+        exact = exact * scales
     table, slot = padded(found, exact, B, -torch.inf, width=k)
     ids = torch.full(table.shape, -1, dtype=torch.int64)
     ids[found, slot] = cols
