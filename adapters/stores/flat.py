@@ -214,8 +214,10 @@ class FlatStore(HnswStore):
             return kept[1], kept[2]
         rows = self._current_rows(self._filter_for((lang,))[1]).astype(np.int64)
         vectors = self._index.vectors
-        # in numpy: torch's gathers of the same steps left the process ~240 MB larger at a
-        # million rows (memory freed, kept by the C heap; numpy's did not)
+        # in numpy: torch's gathers here, as the scan's new array a step (now one buffer), left
+        # freed memory that the C heap kept (the corrected batch's peak at a million rows:
+        # 2,166 MB with both, 2,069 without: benchmarks/results/exact_batch_synthetic_corrected.md
+        # and its version at commit 642267b)
         norms = np.concatenate([np.linalg.norm(vectors[rows[a:a + scan.CONVERT_ROWS]] - mean, axis=1)
                                 for a in range(0, len(rows), scan.CONVERT_ROWS)] or [np.empty(0, np.float32)])
         # (a row at the mean: centring divides by at least 1e-12, as bias.centre does)

@@ -180,9 +180,9 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         chunk = min(chunk, CONVERT_ROWS)  # (a step's copy: converted or gathered rows)
     q = queries.to(torch.bfloat16) if approximate else queries.float()
 
-    # selected rows are gathered into one buffer, step after step: a new array a step left the
-    # process ~250 MB larger after a corrected batch at a million rows (memory freed, kept by
-    # the C heap), which the batch's peak counted
+    # selected rows are gathered into one buffer, step after step: a new array a step left
+    # freed memory that the C heap kept, which a batch's peak counted (the flat store's
+    # ``_centring`` has the figures)
     gathered = None
 
     def block(a: int) -> Any:
