@@ -213,6 +213,8 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
         # a store that ranks by centred cosine itself needs no overfetch: its best are the best
         exact = centred_candidates_per_language(store, query[None], k if consensus is None else fetch, langs,
                                                 _means_of(means, langs))
+        if exact is not None and consensus is None:
+            return top_centred(store, exact[0], k)
         pooled = exact[0] if exact is not None else candidates_per_language(
             store, query, fetch, langs, ef, walk_vectors(means, query, langs))
     return best_centred(store, means, query, pooled, k, consensus)
@@ -227,21 +229,27 @@ def centred_search_batch(store: Any, means: LanguageMeans, vectors: np.ndarray,
     answers query by query (the caller asks :func:`centred_search` for each)."""
     queries = means.centre(np.asarray(vectors, dtype=np.float32), list(query_langs))
     of_langs = _means_of(means, langs)
-    # a group's candidates carry their vectors until rescored: at most BATCH_CANDIDATES at once
+    # a group's candidates carry their vectors until kept or dropped: at most BATCH_CANDIDATES at once
     group = max(1, BATCH_CANDIDATES // max(1, k * len(langs)))
     hits: list[list[StoreHit]] = []
     for a in range(0, len(queries), group):
-        part = queries[a:a + group]
-        found = centred_candidates_per_language(store, part, k, langs, of_langs)
+        found = centred_candidates_per_language(store, queries[a:a + group], k, langs, of_langs)
         if found is None:
             return None
-        hits += [best_centred(store, means, query, pooled, k) for query, pooled in zip(part, found)]
+        hits += [top_centred(store, pooled, k) for pooled in found]
     return hits
 
 
 def _means_of(means: LanguageMeans, langs: Sequence[str]) -> dict[str, np.ndarray]:
     """Each language's mean, as documents of it are centred (:meth:`LanguageMeans.centre`)."""
     return {lang: means.of(lang) for lang in langs}
+
+
+def top_centred(store: Any, pooled: Sequence[Candidate], k: int) -> list[StoreHit]:
+    """The ``k`` best of candidates a store scored by centred cosine itself
+    (``centred_candidates_per_language``), as hits, best first: their scores kept, not computed
+    again from their vectors."""
+    return top_hits(store, pooled, np.fromiter((c.score for c in pooled), np.float32, len(pooled)), k)
 
 
 def best_centred(store: Any, means: LanguageMeans, query: np.ndarray, pooled: Sequence[Candidate], k: int,

@@ -92,11 +92,11 @@ def first_stage_batch(store: object, vectors: np.ndarray, query_langs: Sequence[
     """:func:`first_stage` of many query vectors (languages ``query_langs``) in one store call,
     for pooled ``xy`` without consensus: without the correction, ``search_batch`` (the flat
     store answers it by one scan); with it, each language's candidates for them all
-    (``bias.centred_search_batch``: the flat store scans each language once). None otherwise
-    (one query with the correction too), or from a store that answers query by query (hnswlib,
-    Qdrant): the caller asks :func:`first_stage` for each."""
-    if mode != "xy" or consensus is not None or (means is not None and len(vectors) < 2):
-        return None  # (one corrected query: its own search, whose latency "Speed" measures)
+    (``bias.centred_search_batch``: the flat store scans each language once). None otherwise,
+    or from a store that answers query by query (hnswlib, Qdrant): the caller asks
+    :func:`first_stage` for each."""
+    if mode != "xy" or consensus is not None:
+        return None
     pool = target_languages(mode, None, langs)
     if means is None:
         return search_batch(store, vectors, depth, pool, ef)  # type: ignore[arg-type]

@@ -215,16 +215,17 @@ class FlatStore(HnswStore):
         rows = self._current_rows(self._filter_for((lang,))[1]).astype(np.int64)
         vectors = self._index.vectors
         # in numpy: torch's gathers here, as the scan's new array a step (now one buffer), left
-        # freed memory that the C heap kept (the corrected batch's peak at a million rows:
-        # 2,166 MB with both, 2,069 without: benchmarks/results/exact_batch_synthetic_corrected.md
-        # and its version at commit 642267b)
+        # freed memory that the C heap kept (the corrected batch's peak at a million rows,
+        # benchmarks/results/exact_batch_synthetic_corrected.md: 2,166 MB with both, at commit
+        # 642267b; 2,069 without, at 12aecd4)
         norms = np.concatenate([np.linalg.norm(vectors[rows[a:a + scan.CONVERT_ROWS]] - mean, axis=1)
                                 for a in range(0, len(rows), scan.CONVERT_ROWS)] or [np.empty(0, np.float32)])
         # (a row at the mean: centring divides by at least 1e-12, as bias.centre does)
         scale = (1.0 / np.maximum(norms, 1e-12)).astype(np.float32)
         order = np.argsort(-scale, kind="stable")
-        self._centrings[lang] = (key, rows[order], torch.from_numpy(scale[order]))
-        return self._centrings[lang][1], self._centrings[lang][2]
+        rows, ordered = rows[order], torch.from_numpy(scale[order])
+        self._centrings[lang] = (key, rows, ordered)
+        return rows, ordered
 
     def _query_rows(self, vectors: np.ndarray) -> np.ndarray | None:
         """The (queries, dim) float32 ``vectors`` of :func:`_batch`, once this reader follows the
