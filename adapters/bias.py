@@ -39,6 +39,7 @@ import numpy as np
 from vecplug.adapters.stores import centring
 from vecplug.adapters.stores.base import (Candidate, StoreHit, candidates_per_language, centred_candidates,
                                           centred_candidates_per_language, hit_vectors, row_dots)
+from vecplug.adapters.stores.base import centred_search_batch as store_centred_search_batch
 
 if TYPE_CHECKING:
     from vecplug.adapters.consensus import Consensus
@@ -59,9 +60,6 @@ OVERFETCH = 2
 #: in 32 languages, 1 keeps the unshifted walks' recall of the exact centred top 10 at a fraction
 #: of their cost (benchmarks/results/modes_scale_debian.md)
 WALK_SHIFT = 1.0
-#: candidates (each with its vector) a batch of corrected searches holds at once: 100 MB of
-#: 384-d ones (a batch of 7,140 queries, six languages, 40 candidates each held 2.6 GB)
-BATCH_CANDIDATES = 65_536
 #: a store whose graph is centred (``stores/centring.py``) is walked once for this many times the
 #: results asked, rescored exactly: the graph is centred by its own anchors, not by the means of
 #: the moment, and its walk is approximate
@@ -223,21 +221,12 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
 def centred_search_batch(store: Any, means: LanguageMeans, vectors: np.ndarray,
                          query_langs: Sequence[str | None], k: int, langs: Sequence[str],
                          ef: int | None = None) -> list[list[StoreHit]] | None:
-    """:func:`centred_search` (without consensus) of many query vectors, their candidates from
-    one store call per group of queries (``centred_candidates_per_language``: the flat store
-    scans each language once for them all, ranking by centred cosine); None from a store that
-    answers query by query (the caller asks :func:`centred_search` for each)."""
+    """:func:`centred_search` (without consensus) of many query vectors in one store call
+    (``centred_search_batch``: the flat store scans each language once for them all, ranking by
+    centred cosine, and reads only the hits kept); None from a store that answers query by
+    query (the caller asks :func:`centred_search` for each)."""
     queries = means.centre(np.asarray(vectors, dtype=np.float32), list(query_langs))
-    of_langs = _means_of(means, langs)
-    # a group's candidates carry their vectors until kept or dropped: at most BATCH_CANDIDATES at once
-    group = max(1, BATCH_CANDIDATES // max(1, k * len(langs)))
-    hits: list[list[StoreHit]] = []
-    for a in range(0, len(queries), group):
-        found = centred_candidates_per_language(store, queries[a:a + group], k, langs, of_langs)
-        if found is None:
-            return None
-        hits += [top_centred(store, pooled, k) for pooled in found]
-    return hits
+    return store_centred_search_batch(store, queries, k, langs, _means_of(means, langs))
 
 
 def _means_of(means: LanguageMeans, langs: Sequence[str]) -> dict[str, np.ndarray]:

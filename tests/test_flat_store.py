@@ -363,6 +363,14 @@ def test_the_corrected_search_is_exact_by_centred_cosine(tmp_path: Path) -> None
                 assert ids(bias.centred_search_batch(store, means, queries, qlangs, 10, list(langs))) == want
             one = [bias.centred_search(store, means, q, ql, 10, list(langs)) for q, ql in zip(queries[:8], qlangs)]
             assert ids(one) == want[:8]
+            # the batch's hits carry the single searches' scores and the stored vectors; a
+            # language asked that has no document adds nothing
+            batch = bias.centred_search_batch(store, means, queries[:8], qlangs[:8], 10, [*langs, "es"])
+            assert ids(batch) == want[:8]
+            np.testing.assert_allclose([[h.score for h in r] for r in batch], [[h.score for h in r] for r in one],
+                                       atol=1e-6)
+            for hit in (h for r in batch for h in r):
+                np.testing.assert_allclose(hit.vector, base[int(hit.record.id[1:])], atol=1e-7)
         # other means, no write: ranked by them, not by the last ones
         other = bias.LanguageMeans({lang: m + 0.2 * unit_vectors(1, DIM, seed=i)[0]
                                     for i, (lang, m) in enumerate(means.by_lang.items())}, means.overall)
@@ -438,10 +446,9 @@ def test_a_flat_folder_is_the_flat_store_s_alone(tmp_path: Path) -> None:
 
 def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Index.search_batch hands a pooled batch to the store in one call, without the bias
-    correction (one scan) and with it (each language's candidates for the queries, in groups),
-    and its answers are those of Index.search, query by query; consensus goes query by query."""
+    correction (one scan) and with it (each language scanned once for the queries, only their
+    best kept), and its answers are those of Index.search, query by query; consensus goes query by query."""
     from vecplug.api import settings_for
-    from vecplug.adapters import bias
     from vecplug.adapters.bias import LanguageStats
     from vecplug.adapters.stores import flat
     from vecplug.api import Index
@@ -457,7 +464,7 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
     stats.add([r.lang for r in records], vectors)
     store.commit(stats.to_manifest())
     calls: list[tuple[str, int]] = []
-    for name in ("search_batch", "centred_candidates_per_language", "candidates_per_language"):
+    for name in ("search_batch", "centred_search_batch", "centred_candidates_per_language", "candidates_per_language"):
         def spy(self: Any, *a: Any, _name: str = name, _real: Any = getattr(flat.FlatStore, name), **kw: Any) -> Any:
             calls.append((_name, len(np.atleast_2d(a[0]))))
             return _real(self, *a, **kw)
@@ -468,7 +475,7 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
     try:
         queries = ["word3 thing5", "other2 word7", "thing1", "word49 other6 thing12"]
         qlangs = ["en", "de", "fr", None]
-        for debias, method in ((False, "search_batch"), (True, "centred_candidates_per_language")):
+        for debias, method in ((False, "search_batch"), (True, "centred_search_batch")):
             calls.clear()
             batch = index.search_batch(queries, 5, langs=qlangs, debias=debias)
             assert calls == [(method, 4)]
@@ -479,16 +486,10 @@ def test_index_search_batch_asks_the_flat_store_once(tmp_path: Path, monkeypatch
             assert all(len(r) == 5 for r in batch)
         # the corrected batch is the search of every language, not only the query's
         assert len({h.lang for r in batch for h in r}) == 3
-        # in groups of queries whose candidates fit BATCH_CANDIDATES (5 of 3 languages each)
-        monkeypatch.setattr(bias, "BATCH_CANDIDATES", 30)
-        calls.clear()
-        grouped = index.search_batch(queries, 5, langs=qlangs)
-        assert calls == [("centred_candidates_per_language", 2)] * 2
-        assert [[h.id for h in r] for r in grouped] == [[h.id for h in r] for r in batch]
         # one query is one query's search (the flat store ranks it by centred cosine too)
         calls.clear()
         index.search_batch(queries[:1], 5, langs=qlangs[:1])
-        assert calls == [("centred_candidates_per_language", 1)]
+        assert calls == [("centred_search_batch", 1)]
         calls.clear()
         index.search_batch(queries, 5, langs=qlangs, consensus=True)  # query by query
         assert calls == [("centred_candidates_per_language", 1)] * 4

@@ -146,6 +146,15 @@ def centred_candidates_per_language(store: "VectorStore", vectors: np.ndarray, k
     return None if method is None else method(vectors, k, langs, means)
 
 
+def centred_search_batch(store: "VectorStore", vectors: np.ndarray, k: int, langs: Sequence[str],
+                         means: Mapping[str, np.ndarray]) -> list[list[StoreHit]] | None:
+    """``store.centred_search_batch``; None from a store without the method (a plugin's that
+    does not subclass :class:`VectorStore`), as from one that cannot rank by centred cosine
+    itself."""
+    method = getattr(store, "centred_search_batch", None)
+    return None if method is None else method(vectors, k, langs, means)
+
+
 def centred_candidates(store: "VectorStore", vector: np.ndarray, k: int,
                        ef: int | None = None) -> list[Candidate] | None:
     """``store.centred_candidates``; None from a store without the method (a plugin's that does
@@ -325,6 +334,16 @@ class VectorStore(ABC):
         to :meth:`upsert`, from a store that can rank its rows so (the flat store: one scan of
         each language's rows for all the queries). None (this default): the correction then asks
         :meth:`candidates_per_language` for each query and rescores what it finds."""
+        return None
+
+    def centred_search_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str],
+                             means: Mapping[str, np.ndarray]) -> list[list[StoreHit]] | None:
+        """For each row of ``vectors`` (queries centred by their languages' means), the exact
+        best ``k`` of the documents of ``langs`` by centred cosine (as
+        :meth:`centred_candidates_per_language` scores them), as hits, best first: a batch's
+        first stage, from a store that ranks by centred cosine itself. Only the hits kept are
+        held and read (their records once for the batch), not every language's ``k``. None
+        (this default): the correction then searches query by query."""
         return None
 
     def centred_candidates(self, vector: np.ndarray, k: int, *, ef: int | None = None) -> list[Candidate] | None:

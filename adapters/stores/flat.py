@@ -17,7 +17,8 @@ still exact (the slack is a bound, ``scan.error_bound``). In batches of 1,000 at
 vectors: 2.7-2.9 ms a query on that Zen 4 machine; the bare scan took 0.71 ms on one with AMX.
 :meth:`FlatStore.centred_candidates_per_language` scans each language's rows the same way (in
 place, a step at a time), ranking them by centred cosine, for the language-bias correction of
-a batch or of one query: exact too. Evaluation, offline
+a batch or of one query: exact too (:meth:`FlatStore.centred_search_batch` keeps only each
+query's best of them). Evaluation, offline
 labelling and deduplication ask in batches; an interactive search asks one query at a time,
 where the hnswlib store's graph is the faster.
 """
@@ -187,21 +188,58 @@ class FlatStore(HnswStore):
         if self._centred:
             return None
         with self._mutex:
-            queries = self._query_rows(vectors)
             found: list[list[Candidate]] = [[] for _ in vectors]
-            if queries is None or k <= 0:
-                return found
             index = self._index
-            for lang in langs:
-                mean = np.asarray(means[lang], dtype=np.float32)
-                rows, scale = self._centring(lang, mean)
-                if not len(rows):
-                    continue
-                for out, (best, scores) in zip(found, self._scan(queries, k, rows, offset=queries @ mean,
-                                                                 scale=scale)):
+            for lang, per_query in self._centred_scan(vectors, k, langs, means):
+                for out, (best, scores) in zip(found, per_query):
                     out += [Candidate(int(label), lang, float(score), vector) for label, score, vector in
                             zip(index.labels[best], scores, index.vectors[best])]
             return found
+
+    def centred_search_batch(self, vectors: np.ndarray, k: int, langs: Sequence[str],
+                             means: Mapping[str, np.ndarray]) -> list[list[StoreHit]] | None:
+        """Each row's exact best ``k`` over ``langs`` by centred cosine (see the base class):
+        each language's best by :meth:`centred_candidates_per_language`'s scan, merged query by
+        query as (row, score) pairs, and only the hits kept read, their records once for the
+        batch. A million rows' batch of 1,000 queries in six languages would otherwise hold
+        60,000 candidates with their vectors, 90 MB, to keep 10,000."""
+        vectors = _batch(vectors)
+        if self._centred:
+            return None
+        with self._mutex:
+            rows: list[list[np.ndarray]] = [[] for _ in vectors]
+            scores: list[list[np.ndarray]] = [[] for _ in vectors]
+            for _, per_query in self._centred_scan(vectors, k, langs, means):
+                for r, s, (best, best_scores) in zip(rows, scores, per_query):
+                    r.append(best)
+                    s.append(best_scores)
+            labels = self._index.labels
+            found: list[list[tuple[int, float]]] = []
+            for r, s in zip(rows, scores):
+                if not r:
+                    found.append([])
+                    continue
+                rs, ss = np.concatenate(r), np.concatenate(s)
+                # languages in the order asked, each best first, then a stable sort: the order,
+                # ties included, of ranking their candidates one after the other
+                top = np.argsort(-ss, kind="stable")[:k]
+                found.append(list(zip(labels[rs[top]].tolist(), ss[top].tolist())))
+            return self._hits_batch(found)
+
+    def _centred_scan(self, vectors: np.ndarray, k: int, langs: Sequence[str],
+                      means: Mapping[str, np.ndarray]) -> list[tuple[str, list[tuple[np.ndarray, np.ndarray]]]]:
+        """For each language of ``langs`` with rows, each query's best ``k`` of them by centred
+        cosine as (rows, scores), best first. Under the mutex."""
+        queries = self._query_rows(vectors)
+        if queries is None or k <= 0:
+            return []
+        out = []
+        for lang in langs:
+            mean = np.asarray(means[lang], dtype=np.float32)
+            rows, scale = self._centring(lang, mean)
+            if len(rows):
+                out.append((lang, self._scan(queries, k, rows, offset=queries @ mean, scale=scale)))
+        return out
 
     def _centring(self, lang: str, mean: np.ndarray) -> tuple[np.ndarray, Any]:
         """The rows of ``lang`` in order of ``1 / |x - mean|`` (largest first) and those scales
