@@ -16,7 +16,8 @@ corrected search therefore asks the store for each language of the pool separate
 language filter: inside one language the mean is a constant, so the store's own ranking
 is nearly the centred one) and rescores those candidates exactly with centred vectors (a
 store that ranks by centred cosine itself, the flat store, gives each language's exact best
-instead: ``centred_candidates_per_language``). A language the store finds by a filtered
+instead: ``centred_candidates_per_language``; the hnswlib store ranks the languages it scans
+exactly by centred cosine, given the means). A language the store finds by a filtered
 graph walk is walked from inside its own region (:data:`WALK_SHIFT`): the centred query lies
 outside every language's region, and a walk from there for a language of a few percent of a
 large index visited many of the other languages' nodes first.
@@ -209,12 +210,15 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
         pooled = centred_candidates(store, query, k * CENTRED_OVERFETCH, ef)
     if pooled is None:
         # a store that ranks by centred cosine itself needs no overfetch: its best are the best
+        of_langs = _means_of(means, langs)
         exact = centred_candidates_per_language(store, query[None], k if consensus is None else fetch, langs,
-                                                _means_of(means, langs))
+                                                of_langs)
         if exact is not None and consensus is None:
             return top_centred(store, exact[0], k)
+        # else each language's candidates: those it scans ranked by centred cosine too (the
+        # means), those it walks by the walk's own order, rescored below
         pooled = exact[0] if exact is not None else candidates_per_language(
-            store, query, fetch, langs, ef, walk_vectors(means, query, langs))
+            store, query, fetch, langs, ef, walk_vectors(means, query, langs), of_langs)
     return best_centred(store, means, query, pooled, k, consensus)
 
 

@@ -57,8 +57,8 @@ for name in $RUNS; do
         eval-gate-int8) gated eval-gate-int8 teacher:int8 int8 ;;
         # the same documents in the flat store (exact search: its corrected search ranks each
         # language's documents by centred cosine itself), beside the hnswlib store's index
-        # searched the same way (eval-flat/hnswlib/: the corrected search rescores each
-        # language's best by plain cosine)
+        # searched the same way (eval-flat/hnswlib/: the corrected search ranks the languages
+        # it scans by centred cosine too, and walks the others by plain cosine, rescored)
         eval-flat) for store in hnswlib flat; do
                   out="$tmp/eval-flat"; [[ $store == hnswlib ]] && out="$tmp/eval-flat/hnswlib"
                   VECPLUG_INDEX_STORE=$store "$VECPLUG" eval "$data" --index "$index-$store" \

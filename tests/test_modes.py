@@ -80,6 +80,69 @@ def test_language_bias_is_corrected(store) -> None:
     assert {h.record.lang for h in first_stage(store, q, "en", "xy", 3, ["de"], means)} == {"de"}
 
 
+@pytest.mark.parametrize("centred", [False, True], ids=["plain-graph", "centred-graph"])
+def test_hnswlib_scanned_languages_rank_by_centred_cosine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          centred: bool) -> None:
+    """The correction on the hnswlib store, every language small enough to scan (a graph of
+    centred vectors: for a chosen set of languages, searched one by one as well): the scans
+    rank by centred cosine (the means passed as hints), so it finds the exact top 10 by
+    ``cos(q - m[lang(q)], d - m[lang(d)])`` (brute force), also with other means than the
+    index's and after a write searched with the same means; on vectors where each language's best by ``q . x``, rescored, are not its best
+    centred (the rule it followed before: shown missing). A walked language ignores the means."""
+    from conftest import crowded_vectors, exact_top_k
+
+    from vecplug.adapters import bias
+    from vecplug.adapters.stores import hnsw
+
+    dim, langs = 48, ("en", "de", "fr")
+    base, queries = crowded_vectors(6_600, dim, seed=8, queries=20)
+    shifts = 0.3 * np.random.default_rng(8).standard_normal((3, dim)).astype(np.float32) / np.sqrt(dim)
+    base = base + shifts[np.arange(6_600) % 3]
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    doc_langs = [langs[i % 3] for i in range(6_600)]
+    qlangs = [langs[i % 3] for i in range(len(queries))]
+    stats = LanguageStats(dim)
+    stats.add(doc_langs[:6_000], base[:6_000])
+    means = stats.means()
+    other = bias.LanguageMeans({lang: m + 0.2 * np.eye(dim, dtype=np.float32)[i]
+                                for i, (lang, m) in enumerate(means.by_lang.items())}, means.overall)
+
+    pool = ["en", "de"] if centred else list(langs)
+
+    def exact(m: bias.LanguageMeans, n: int = 6_000) -> list[list[str]]:
+        docs = np.asarray([i for i in range(n) if doc_langs[i] in pool])
+        ids, _ = exact_top_k(m.centre(base[docs], [doc_langs[i] for i in docs]), m.centre(queries, qlangs), 10)
+        return [[f"d{docs[j]}" for j in row] for row in ids]
+
+    def search(m: bias.LanguageMeans) -> list[list[str]]:
+        return [[h.record.id for h in bias.centred_search(store, m, q, ql, 10, pool)] for q, ql in zip(queries, qlangs)]
+
+    store = get_store_class("hnswlib").create(str(tmp_path / "idx"), dim, {"dim": dim},
+                                              {"centred": True} if centred else {})
+    try:
+        store.upsert([Record(f"d{i}", "t", "s", i, doc_langs[i]) for i in range(6_000)], base[:6_000])
+        store.commit(stats.to_manifest())
+        for m in (means, other, means):  # (the scales kept per mean: the first ones again)
+            assert search(m) == exact(m)
+        centred_queries = means.centre(queries, qlangs)
+        plain = [bias.best_centred(store, means, q, store.candidates_per_language(q, 20, pool), 10)
+                 for q in centred_queries]
+        assert [[h.record.id for h in hits] for hits in plain] != exact(means)
+        # a write, searched with the same means: the scales kept for them went with it
+        store.upsert([Record(f"d{i}", "t", "s", i, doc_langs[i]) for i in range(6_000, 6_600)], base[6_000:])
+        stats.add(doc_langs[6_000:], base[6_000:])
+        store.commit(stats.to_manifest())
+        assert search(means) == exact(means, 6_600)
+        # a language walked (every one here) is not ranked by the means: its walk's own order
+        store._forget_filters()
+        monkeypatch.setattr(hnsw, "scan_limit", lambda total: 10)
+        walked = store.candidates_per_language(centred_queries[0], 5, ["en"], means={"en": means.of("en")})
+        assert len(walked) == 5
+        assert [c.score for c in walked] == pytest.approx(base[[c.key for c in walked]] @ centred_queries[0], abs=1e-5)
+    finally:
+        store.close()
+
+
 def test_prefer_ranks_the_query_language_up(store) -> None:
     _, _, dirs = biased_corpus()
     hits = [StoreHit(Record("a", "", "", 0, "de"), 0.80), StoreHit(Record("b", "", "", 0, "en"), 0.77),

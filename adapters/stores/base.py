@@ -129,12 +129,16 @@ def search_batch(store: "VectorStore", vectors: np.ndarray, k: int, langs: Seque
 
 def candidates_per_language(store: "VectorStore", vector: np.ndarray, k: int, langs: Sequence[str],
                             ef: int | None = None,
-                            walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
-    """``store.candidates_per_language``, passing ``walk_vectors`` only to a store whose method
-    takes them, so a plugin's store that overrode it before the hints existed keeps working."""
-    if walk_vectors is not None and _takes(type(store), "candidates_per_language", "walk_vectors"):
-        return store.candidates_per_language(vector, k, langs, ef=ef, walk_vectors=walk_vectors)
-    return store.candidates_per_language(vector, k, langs, ef=ef)
+                            walk_vectors: Mapping[str, np.ndarray] | None = None,
+                            means: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
+    """``store.candidates_per_language``, passing ``walk_vectors`` and ``means`` only to a store
+    whose method takes them, so a plugin's store that overrode it before the hints existed
+    keeps working."""
+    hints: dict[str, Any] = {}
+    for name, value in (("walk_vectors", walk_vectors), ("means", means)):
+        if value is not None and _takes(type(store), "candidates_per_language", name):
+            hints[name] = value
+    return store.candidates_per_language(vector, k, langs, ef=ef, **hints)
 
 
 def centred_candidates_per_language(store: "VectorStore", vectors: np.ndarray, k: int, langs: Sequence[str],
@@ -309,7 +313,8 @@ class VectorStore(ABC):
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
                                 ef: int | None = None,
-                                walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
+                                walk_vectors: Mapping[str, np.ndarray] | None = None,
+                                means: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
         """:meth:`candidates` for each language of ``langs`` on its own (up to ``k`` of each,
         their lists one after the other): what the language-bias correction rescores. This
         default asks once per language; a store may answer all in one call (hnswlib: one lock,
@@ -320,7 +325,13 @@ class VectorStore(ABC):
         language's region: the walk then meets that language's nodes at once instead of
         crossing the others'), still scoring the candidates against ``vector``. The candidates
         then are the language's nearest to the hint, not to ``vector``: the caller rescores
-        them. Exact scans, and this default, ignore the hints."""
+        them. Exact scans, and this default, ignore the hints.
+
+        ``means`` (by language; ``vector`` then a query centred by its language's mean) are for a
+        store that scans a language's documents exactly: it may rank them by centred cosine,
+        ``vector . (x - m) / |x - m|``, and give that language's exact best by the correction's
+        score instead of its best by ``vector . x`` (the hnswlib store does). Either way the
+        caller rescores; this default ignores them."""
         out: list[Candidate] = []
         for lang in langs:
             out += self.candidates(vector, k, [lang], ef=ef)

@@ -129,8 +129,10 @@ class FlatStore(HnswStore):
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
                                 ef: int | None = None,
-                                walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
-        """Each language scanned exactly: walk hints (for graph walks) are not used."""
+                                walk_vectors: Mapping[str, np.ndarray] | None = None,
+                                means: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
+        """Each language scanned exactly, by ``vector . x``: the hints are not used (the
+        correction's searches ask :meth:`centred_candidates_per_language` first)."""
         return super().candidates_per_language(vector, k, langs, ef=ef)
 
     def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, Any]:

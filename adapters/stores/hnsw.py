@@ -148,6 +148,26 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, kind="stable")
 
 
+#: (filter, mean) pairs whose columns' scales a store keeps (the index's own means ask one per
+#: language; a caller passing others would otherwise grow the cache without end)
+MAX_COLUMN_SCALES = 64
+
+
+def column_scales(columns: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """``1 / |x - mean|`` for each column ``x`` of a ``(dim, n)`` array (at least 1e-12 apart
+    from the mean, as ``bias.centre`` divides)."""
+    centred = columns - mean.reshape(-1, 1)
+    return (1.0 / np.maximum(np.sqrt(np.einsum("ji,ji->i", centred, centred)), 1e-12)).astype(np.float32)
+
+
+def centred_column_scores(columns: np.ndarray, query: np.ndarray, mean: np.ndarray,
+                          scales: np.ndarray) -> np.ndarray:
+    """``query . (x - mean) / |x - mean|`` for each column ``x``: the language-bias correction's
+    score of a document for a centred ``query`` (``adapters/bias.py``), as one product less a
+    constant, times each column's scale (:func:`column_scales`)."""
+    return (column_dots(columns, query) - float(query @ mean)) * scales
+
+
 #: values bound in one ``IN (...)`` statement (SQLite's bound variables: 999 in older builds)
 IN_PART = 500
 
@@ -333,6 +353,8 @@ class HnswStore(VectorStore):
         # per language set: labels, and their vectors as columns or (too many) a set of labels;
         # least recently used first, within FILTER_CACHE_BYTES (users' language sets are many)
         self._filter_cache: OrderedDict[tuple[str, ...], tuple[np.ndarray, np.ndarray | frozenset[int]]] = OrderedDict()
+        #: per (filter, mean bytes): its columns' 1 / |x - mean| (``_scan_scores``)
+        self._column_scales: dict[tuple[tuple[str, ...], bytes], np.ndarray] = {}
         # a centred graph (centring.py) is a property of the graph as built: never an option at open
         self._centred = bool(commit_meta["manifest"].get("store", {}).get("centred", False))
         self._anchors: centring.Anchors | None = None
@@ -902,17 +924,22 @@ class HnswStore(VectorStore):
 
     def candidates_per_language(self, vector: np.ndarray, k: int, langs: Sequence[str], *,
                                 ef: int | None = None,
-                                walk_vectors: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
+                                walk_vectors: Mapping[str, np.ndarray] | None = None,
+                                means: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
         """One lock and one look for a newer commit for every language (a corrected search of
         six languages spent ~0.1 ms a language on them). A language walked (more than
-        :func:`scan_limit` documents) walks towards its ``walk_vectors`` entry when given."""
+        :func:`scan_limit` documents) walks towards its ``walk_vectors`` entry when given; a
+        language scanned ranks its documents by centred cosine with its ``means`` entry when
+        given (:func:`centred_column_scores`: its exact best by the correction's score, which
+        differ from its best by ``vector . x`` as centring re-normalises each document)."""
         with self._mutex:
             row = self._query_row(vector)
             if row is None:
                 return []
-            walks = walk_vectors or {}
+            walks, centres = walk_vectors or {}, means or {}
             return [c for lang in langs for c in self._candidates(
-                row, k, [lang], ef, None if walks.get(lang) is None else self._row(walks[lang], "walk vector"))]
+                row, k, [lang], ef, None if walks.get(lang) is None else self._row(walks[lang], "walk vector"),
+                None if centres.get(lang) is None else self._row(centres[lang], "language mean")[0])]
 
     def _row(self, vector: np.ndarray, what: str) -> np.ndarray:
         """``vector`` as a float32 ``(1, dim)`` row; a ModelMismatchError naming ``what`` when
@@ -923,8 +950,8 @@ class HnswStore(VectorStore):
         return row
 
     def _candidates(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
-                    ef: int | None, walk: np.ndarray | None = None) -> list[Candidate]:
-        pairs, vectors = self._nearest_to(row, k, langs, ef, walk)
+                    ef: int | None, walk: np.ndarray | None = None, mean: np.ndarray | None = None) -> list[Candidate]:
+        pairs, vectors = self._nearest_to(row, k, langs, ef, walk, mean)
         if not pairs:
             return []
         if langs and len(set(langs)) == 1:
@@ -999,28 +1026,31 @@ class HnswStore(VectorStore):
         row = self._query_row(vector)
         return self._nearest_to(row, k, langs, ef) if row is not None else ([], None)
 
-    def _nearest_to(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
-                    ef: int | None, walk: np.ndarray | None = None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
+    def _nearest_to(self, row: np.ndarray, k: int, langs: Sequence[str] | None, ef: int | None,
+                    walk: np.ndarray | None = None,
+                    mean: np.ndarray | None = None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
         """:meth:`_nearest` for a row of :meth:`_query_row`; a filtered walk goes towards
-        ``walk`` when given (its scores are then ``walk``'s: :meth:`_candidates` rescores)."""
+        ``walk`` when given (its scores are then ``walk``'s: :meth:`_candidates` rescores); a
+        scan of one language ranks by centred cosine with ``mean`` when given."""
         if k <= 0:
             return [], None
         if self._centred:
-            return self._nearest_by_language(row, k, langs, ef)
+            return self._nearest_by_language(row, k, langs, ef, mean)
         if langs:
-            labels, columns_or_set = self._filter_for(tuple(sorted(set(langs))))
+            key = tuple(sorted(set(langs)))
+            labels, columns_or_set = self._filter_for(key)
             if not len(labels):
                 return [], None
             if not isinstance(columns_or_set, np.ndarray):
                 return self._filtered_knn(row if walk is None else walk, k, columns_or_set, ef), None
-            scores = column_dots(columns_or_set, row[0])
+            scores = self._scan_scores(key, columns_or_set, row[0], mean)
             top = _top_k(scores, k)
             return ([(int(labels[i]), float(scores[i])) for i in top],
                     np.ascontiguousarray(columns_or_set[:, top].T))
         return self._knn(row, k, None, ef), None
 
-    def _nearest_by_language(self, row: np.ndarray, k: int, langs: Sequence[str] | None,
-                             ef: int | None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
+    def _nearest_by_language(self, row: np.ndarray, k: int, langs: Sequence[str] | None, ef: int | None,
+                             mean: np.ndarray | None = None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
         """A centred graph's plain-cosine search (of ``langs``, or of every language): its order
         is not the graph's, so language by language, an exact scan as a plain graph's filters make
         it, or a filtered walk for :data:`CENTRED_WALK_OVERFETCH` times ``k`` rescored exactly; the
@@ -1040,7 +1070,8 @@ class HnswStore(VectorStore):
             if not len(labels):
                 continue
             if isinstance(columns_or_set, np.ndarray):
-                scores = column_dots(columns_or_set, row[0])
+                # (a mean is given for a search of one language: ``_nearest_to``'s)
+                scores = self._scan_scores((lang,), columns_or_set, row[0], mean if len(every) == 1 else None)
                 top = _top_k(scores, k)
                 found.append((labels[top], scores[top], np.ascontiguousarray(columns_or_set[:, top].T)))
                 continue
@@ -1096,7 +1127,23 @@ class HnswStore(VectorStore):
     def _forget_filters(self) -> None:
         """Drop what is kept per language until the next write (or commit followed)."""
         self._filter_cache.clear()
+        self._column_scales.clear()
         self._all_langs = None
+
+    def _scan_scores(self, key: tuple[str, ...], columns: np.ndarray, query: np.ndarray,
+                     mean: np.ndarray | None) -> np.ndarray:
+        """The scores of an exact scan of a filter's ``columns`` (``key``'s): ``query . x``, or
+        with ``mean`` the centred cosine :func:`centred_column_scores` (the columns' scales kept
+        per filter and mean until the next write). Under the mutex."""
+        if mean is None:
+            return column_dots(columns, query)
+        scales = self._column_scales
+        cached = scales.get((key, mean.tobytes()))
+        if cached is None:
+            if len(scales) >= MAX_COLUMN_SCALES:  # other means than the index's own: a caller's
+                scales.clear()
+            cached = scales[(key, mean.tobytes())] = column_scales(columns, mean)
+        return centred_column_scores(columns, query, mean, cached)
 
     def _filter_for(self, key: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
         """:meth:`_filter_candidates` of a language set, from the cache when it holds it. The
