@@ -402,10 +402,14 @@ def test_an_empty_flat_store_and_wrong_queries(tmp_path: Path) -> None:
 
     store = get_store_class("flat").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
     try:
+        means = {lang: np.zeros(DIM, np.float32) for lang in ("en", "de", "fr", "es")}
         assert store.search_batch(unit_vectors(3, DIM), 5) == [[], [], []]
+        assert store.centred_search_batch(unit_vectors(3, DIM), 5, ["en"], means) == [[], [], []]
         store.upsert(_records(3), unit_vectors(3, DIM))
         store.commit()
         assert [len(h) for h in store.search_batch(unit_vectors(2, DIM), 5)] == [3, 3]
+        assert [len(h) for h in store.centred_search_batch(unit_vectors(2, DIM), 5, ["en", "de", "fr"], means)] == [3, 3]
+        assert store.centred_search_batch(unit_vectors(2, DIM), 5, ["es"], means) == [[], []]
         with pytest.raises(ModelMismatchError, match="dimension 16"):
             store.search_batch(unit_vectors(2, 16), 5)
     finally:

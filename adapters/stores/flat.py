@@ -204,14 +204,19 @@ class FlatStore(HnswStore):
         each language's best by :meth:`centred_candidates_per_language`'s scan, merged query by
         query as (row, score) pairs, and only the hits kept read, their records once for the
         batch. A million rows' batch of 1,000 queries in six languages would otherwise hold
-        60,000 candidates with their vectors, 90 MB, to keep 10,000."""
+        60,000 candidates with their vectors, 90 MB, to keep 10,000 (the batch's peak at a
+        million rows: 2,059 MB at commit ba7dc85, 1,968 at 0fe8740 with this method,
+        ``benchmarks/results/exact_batch_synthetic_corrected.md``)."""
         vectors = _batch(vectors)
         if self._centred:
             return None
         with self._mutex:
+            scanned = self._centred_scan(vectors, k, langs, means)
+            if not scanned:  # no query, no row of those languages, or no index yet
+                return [[] for _ in vectors]
             rows: list[list[np.ndarray]] = [[] for _ in vectors]
             scores: list[list[np.ndarray]] = [[] for _ in vectors]
-            for _, per_query in self._centred_scan(vectors, k, langs, means):
+            for _, per_query in scanned:
                 for r, s, (best, best_scores) in zip(rows, scores, per_query):
                     r.append(best)
                     s.append(best_scores)

@@ -1031,7 +1031,8 @@ class HnswStore(VectorStore):
                     mean: np.ndarray | None = None) -> tuple[list[tuple[int, float]], np.ndarray | None]:
         """:meth:`_nearest` for a row of :meth:`_query_row`; a filtered walk goes towards
         ``walk`` when given (its scores are then ``walk``'s: :meth:`_candidates` rescores); a
-        scan of one language ranks by centred cosine with ``mean`` when given."""
+        scan of one language ranks by centred cosine with its ``mean`` when given (a mean is
+        one language's: a filter of several ignores it)."""
         if k <= 0:
             return [], None
         if self._centred:
@@ -1043,7 +1044,7 @@ class HnswStore(VectorStore):
                 return [], None
             if not isinstance(columns_or_set, np.ndarray):
                 return self._filtered_knn(row if walk is None else walk, k, columns_or_set, ef), None
-            scores = self._scan_scores(key, columns_or_set, row[0], mean)
+            scores = self._scan_scores(key, columns_or_set, row[0], mean if len(key) == 1 else None)
             top = _top_k(scores, k)
             return ([(int(labels[i]), float(scores[i])) for i in top],
                     np.ascontiguousarray(columns_or_set[:, top].T))
@@ -1054,7 +1055,8 @@ class HnswStore(VectorStore):
         """A centred graph's plain-cosine search (of ``langs``, or of every language): its order
         is not the graph's, so language by language, an exact scan as a plain graph's filters make
         it, or a filtered walk for :data:`CENTRED_WALK_OVERFETCH` times ``k`` rescored exactly; the
-        best ``k`` of them all, with their vectors. Under the mutex."""
+        best ``k`` of them all, with their vectors (a search of one language scanned with its
+        ``mean``: by centred cosine, as :meth:`_nearest_to`'s). Under the mutex."""
         if langs:
             every = sorted(set(langs))
         else:
@@ -1070,7 +1072,6 @@ class HnswStore(VectorStore):
             if not len(labels):
                 continue
             if isinstance(columns_or_set, np.ndarray):
-                # (a mean is given for a search of one language: ``_nearest_to``'s)
                 scores = self._scan_scores((lang,), columns_or_set, row[0], mean if len(every) == 1 else None)
                 top = _top_k(scores, k)
                 found.append((labels[top], scores[top], np.ascontiguousarray(columns_or_set[:, top].T)))
