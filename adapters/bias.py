@@ -209,12 +209,15 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
         # each language's own best, and a chosen set of languages is searched language by language)
         pooled = centred_candidates(store, query, k * CENTRED_OVERFETCH, ef)
     if pooled is None:
-        # a store that ranks by centred cosine itself needs no overfetch: its best are the best
         of_langs = _means_of(means, langs)
-        exact = centred_candidates_per_language(store, query[None], k if consensus is None else fetch, langs,
-                                                of_langs)
-        if exact is not None and consensus is None:
-            return top_centred(store, exact[0], k)
+        exact = None
+        if consensus is None:
+            # a store that ranks by centred cosine itself gives the exact top k outright
+            top = store_centred_search_batch(store, query[None], k, langs, of_langs)
+            if top is not None:
+                return top[0]
+        else:  # ... and each language's exact best, for consensus to regroup
+            exact = centred_candidates_per_language(store, query[None], fetch, langs, of_langs)
         # else each language's candidates: those it scans ranked by centred cosine too (the
         # means), those it walks by the walk's own order, rescored below
         pooled = exact[0] if exact is not None else candidates_per_language(
@@ -223,8 +226,7 @@ def centred_search(store: Any, means: LanguageMeans, vector: np.ndarray, query_l
 
 
 def centred_search_batch(store: Any, means: LanguageMeans, vectors: np.ndarray,
-                         query_langs: Sequence[str | None], k: int, langs: Sequence[str],
-                         ef: int | None = None) -> list[list[StoreHit]] | None:
+                         query_langs: Sequence[str | None], k: int, langs: Sequence[str]) -> list[list[StoreHit]] | None:
     """:func:`centred_search` (without consensus) of many query vectors in one store call
     (``centred_search_batch``: the flat store scans each language once for them all, ranking by
     centred cosine, and reads only the hits kept); None from a store that answers query by
@@ -236,13 +238,6 @@ def centred_search_batch(store: Any, means: LanguageMeans, vectors: np.ndarray,
 def _means_of(means: LanguageMeans, langs: Sequence[str]) -> dict[str, np.ndarray]:
     """Each language's mean, as documents of it are centred (:meth:`LanguageMeans.centre`)."""
     return {lang: means.of(lang) for lang in langs}
-
-
-def top_centred(store: Any, pooled: Sequence[Candidate], k: int) -> list[StoreHit]:
-    """The ``k`` best of candidates a store scored by centred cosine itself
-    (``centred_candidates_per_language``), as hits, best first: their scores kept, not computed
-    again from their vectors."""
-    return top_hits(store, pooled, np.fromiter((c.score for c in pooled), np.float32, len(pooled)), k)
 
 
 def best_centred(store: Any, means: LanguageMeans, query: np.ndarray, pooled: Sequence[Candidate], k: int,

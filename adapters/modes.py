@@ -91,7 +91,7 @@ def first_stage_batch(store: object, vectors: np.ndarray, query_langs: Sequence[
                       ef: int | None = None, consensus: Consensus | None = None) -> list[list[StoreHit]] | None:
     """:func:`first_stage` of many query vectors (languages ``query_langs``) in one store call,
     for pooled ``xy`` without consensus: without the correction, ``search_batch`` (the flat
-    store answers it by one scan); with it, each language's candidates for them all
+    store answers it by one scan); with it, their exact top ``depth`` by centred cosine
     (``bias.centred_search_batch``: the flat store scans each language once). None otherwise,
     or from a store that answers query by query (hnswlib, Qdrant): the caller asks
     :func:`first_stage` for each."""
@@ -101,7 +101,7 @@ def first_stage_batch(store: object, vectors: np.ndarray, query_langs: Sequence[
     if means is None:
         return search_batch(store, vectors, depth, pool, ef)  # type: ignore[arg-type]
     return centred_search_batch(store, means, vectors, query_langs, depth,
-                                pool if pool is not None else list(means.by_lang), ef)
+                                pool if pool is not None else list(means.by_lang))
 
 
 #: candidates below which their scores' spread says nothing of a reranker's scale

@@ -146,8 +146,7 @@ def centred_candidates_per_language(store: "VectorStore", vectors: np.ndarray, k
     """``store.centred_candidates_per_language``; None from a store without the method (a
     plugin's that does not subclass :class:`VectorStore`), as from one that cannot rank by
     centred cosine itself."""
-    method = getattr(store, "centred_candidates_per_language", None)
-    return None if method is None else method(vectors, k, langs, means)
+    return _optional(store, "centred_candidates_per_language", vectors, k, langs, means)
 
 
 def centred_search_batch(store: "VectorStore", vectors: np.ndarray, k: int, langs: Sequence[str],
@@ -155,16 +154,20 @@ def centred_search_batch(store: "VectorStore", vectors: np.ndarray, k: int, lang
     """``store.centred_search_batch``; None from a store without the method (a plugin's that
     does not subclass :class:`VectorStore`), as from one that cannot rank by centred cosine
     itself."""
-    method = getattr(store, "centred_search_batch", None)
-    return None if method is None else method(vectors, k, langs, means)
+    return _optional(store, "centred_search_batch", vectors, k, langs, means)
 
 
 def centred_candidates(store: "VectorStore", vector: np.ndarray, k: int,
                        ef: int | None = None) -> list[Candidate] | None:
     """``store.centred_candidates``; None from a store without the method (a plugin's that does
     not subclass :class:`VectorStore`), as from one whose graph is not centred."""
-    method = getattr(store, "centred_candidates", None)
-    return None if method is None else method(vector, k, ef=ef)
+    return _optional(store, "centred_candidates", vector, k, ef=ef)
+
+
+def _optional(store: "VectorStore", name: str, *args: Any, **kwargs: Any) -> Any:
+    """``store.<name>(*args, **kwargs)``, or None from a store without that method."""
+    method = getattr(store, name, None)
+    return None if method is None else method(*args, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)

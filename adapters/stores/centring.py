@@ -43,6 +43,13 @@ def unit_rows(X: np.ndarray) -> np.ndarray:
     return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
 
 
+def inverse_distances(X: np.ndarray, point: np.ndarray) -> np.ndarray:
+    """``1 / |x - point|`` for each row ``x`` of ``X`` (float32; at least 1e-12 apart, as
+    :func:`unit_rows` divides): what centring by ``point`` re-normalises each row by."""
+    X = np.asarray(X, dtype=np.float32)
+    return (1.0 / np.maximum(np.linalg.norm(X - point, axis=1), 1e-12)).astype(np.float32)
+
+
 def centre(X: np.ndarray, anchors: np.ndarray) -> np.ndarray:
     """Rows of ``X`` minus their anchors (row by row), re-normalised."""
     return unit_rows(np.asarray(X, dtype=np.float32) - anchors)

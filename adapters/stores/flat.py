@@ -16,9 +16,9 @@ each query's floor inside the product and the few candidates above it rescored i
 still exact (the slack is a bound, ``scan.error_bound``). In batches of 1,000 at a million
 vectors: 2.7-2.9 ms a query on that Zen 4 machine; the bare scan took 0.71 ms on one with AMX.
 :meth:`FlatStore.centred_candidates_per_language` scans each language's rows the same way (in
-place, a step at a time), ranking them by centred cosine, for the language-bias correction of
-a batch or of one query: exact too (:meth:`FlatStore.centred_search_batch` keeps only each
-query's best of them). Evaluation, offline
+place, a step at a time), ranking them by centred cosine, for the language-bias correction:
+exact too (:meth:`FlatStore.centred_search_batch`, a batch's or one query's, keeps only each
+query's best of them; consensus regroups every language's). Evaluation, offline
 labelling and deduplication ask in batches; an interactive search asks one query at a time,
 where the hnswlib store's graph is the faster.
 """
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from vecplug.adapters.stores import scan
+from vecplug.adapters.stores import centring, scan
 from vecplug.adapters.stores.base import Candidate, StoreHit
 from vecplug.adapters.stores.flat_index import FlatIndex, check_flat_file
 from vecplug.adapters.stores.hnsw import HnswStore
@@ -132,7 +132,8 @@ class FlatStore(HnswStore):
                                 walk_vectors: Mapping[str, np.ndarray] | None = None,
                                 means: Mapping[str, np.ndarray] | None = None) -> list[Candidate]:
         """Each language scanned exactly, by ``vector . x``: the hints are not used (the
-        correction's searches ask :meth:`centred_candidates_per_language` first)."""
+        correction's searches ask :meth:`centred_search_batch` or
+        :meth:`centred_candidates_per_language` first)."""
         return super().candidates_per_language(vector, k, langs, ef=ef)
 
     def _filter_candidates(self, langs: tuple[str, ...]) -> tuple[np.ndarray, Any]:
@@ -214,23 +215,15 @@ class FlatStore(HnswStore):
             scanned = self._centred_scan(vectors, k, langs, means)
             if not scanned:  # no query, no row of those languages, or no index yet
                 return [[] for _ in vectors]
-            rows: list[list[np.ndarray]] = [[] for _ in vectors]
-            scores: list[list[np.ndarray]] = [[] for _ in vectors]
-            for _, per_query in scanned:
-                for r, s, (best, best_scores) in zip(rows, scores, per_query):
-                    r.append(best)
-                    s.append(best_scores)
             labels = self._index.labels
             found: list[list[tuple[int, float]]] = []
-            for r, s in zip(rows, scores):
-                if not r:
-                    found.append([])
-                    continue
-                rs, ss = np.concatenate(r), np.concatenate(s)
-                # languages in the order asked, each best first, then a stable sort: the order,
-                # ties included, of ranking their candidates one after the other
-                top = np.argsort(-ss, kind="stable")[:k]
-                found.append(list(zip(labels[rs[top]].tolist(), ss[top].tolist())))
+            # each query's (rows, scores) of every language scanned, in the order asked
+            for parts in zip(*(per_query for _, per_query in scanned)):
+                rows, scores = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+                # each language best first, then a stable sort: the order, ties included, of
+                # ranking their candidates one after the other
+                top = np.argsort(-scores, kind="stable")[:k]
+                found.append(list(zip(labels[rows[top]].tolist(), scores[top].tolist())))
             return self._hits_batch(found)
 
     def _centred_scan(self, vectors: np.ndarray, k: int, langs: Sequence[str],
@@ -263,10 +256,8 @@ class FlatStore(HnswStore):
         # freed memory that the C heap kept (the corrected batch's peak at a million rows,
         # benchmarks/results/exact_batch_synthetic_corrected.md: 2,166 MB with both, at commit
         # 642267b; 2,069 without, at 12aecd4)
-        norms = np.concatenate([np.linalg.norm(vectors[rows[a:a + scan.CONVERT_ROWS]] - mean, axis=1)
+        scale = np.concatenate([centring.inverse_distances(vectors[rows[a:a + scan.CONVERT_ROWS]], mean)
                                 for a in range(0, len(rows), scan.CONVERT_ROWS)] or [np.empty(0, np.float32)])
-        # (a row at the mean: centring divides by at least 1e-12, as bias.centre does)
-        scale = (1.0 / np.maximum(norms, 1e-12)).astype(np.float32)
         order = np.argsort(-scale, kind="stable")
         rows, ordered = rows[order], torch.from_numpy(scale[order])
         self._centrings[lang] = (key, rows, ordered)

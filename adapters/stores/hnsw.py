@@ -153,18 +153,11 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
 MAX_COLUMN_SCALES = 64
 
 
-def column_scales(columns: np.ndarray, mean: np.ndarray) -> np.ndarray:
-    """``1 / |x - mean|`` for each column ``x`` of a ``(dim, n)`` array (at least 1e-12 apart
-    from the mean, as ``bias.centre`` divides)."""
-    centred = columns - mean.reshape(-1, 1)
-    return (1.0 / np.maximum(np.sqrt(np.einsum("ji,ji->i", centred, centred)), 1e-12)).astype(np.float32)
-
-
 def centred_column_scores(columns: np.ndarray, query: np.ndarray, mean: np.ndarray,
                           scales: np.ndarray) -> np.ndarray:
     """``query . (x - mean) / |x - mean|`` for each column ``x``: the language-bias correction's
     score of a document for a centred ``query`` (``adapters/bias.py``), as one product less a
-    constant, times each column's scale (:func:`column_scales`)."""
+    constant, times each column's scale (``centring.inverse_distances`` of the columns)."""
     return (column_dots(columns, query) - float(query @ mean)) * scales
 
 
@@ -1143,7 +1136,7 @@ class HnswStore(VectorStore):
         if cached is None:
             if len(scales) >= MAX_COLUMN_SCALES:  # other means than the index's own: a caller's
                 scales.clear()
-            cached = scales[(key, mean.tobytes())] = column_scales(columns, mean)
+            cached = scales[(key, mean.tobytes())] = centring.inverse_distances(columns.T, mean)
         return centred_column_scores(columns, query, mean, cached)
 
     def _filter_for(self, key: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
