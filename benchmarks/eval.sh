@@ -11,13 +11,17 @@
 # down many times over).
 # Env: VECPLUG (default: the repository's .venv), STUDENT (default: me5-small-student-k6),
 #      INDEX (default: a temporary folder; give one to reuse the encoded pool),
+#      SHARED_STUDENTS (default: "me5-small-student-k6-s3 me5-small-student-k7-s6": the
+#      students of RUNS=eval-gate-shared, distilled by the README's "Shared-layer students"),
 #      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those; also eval-gate-int8,
+#      eval-gate-shared: students sharing layers with the teacher, gated by teacher:int8,
 #      eval-centred: the index with a graph of language-centred vectors, and eval-flat: the
 #      flat store's exact search beside the hnswlib store's),
 #      GATES (default: "0.02 0.045 0.08 0.13": the student's margins at its 20th, 40th, 60th
 #      and 80th percentiles on this set, with the correction: benchmarks/results/eval-gate/).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STUDENT="${STUDENT:-me5-small-student-k6}"
+SHARED_STUDENTS="${SHARED_STUDENTS:-me5-small-student-k6-s3 me5-small-student-k7-s6}"
 RUNS="${RUNS:-eval eval-prefer eval-gate}"
 GATES="${GATES:-0.02 0.045 0.08 0.13}"
 index="${INDEX:-$tmp/xquad-r}"
@@ -55,6 +59,15 @@ for name in $RUNS; do
                       --consensus both --out "$out" --summary-only -q > "$tmp/eval-centred-$graph.md"
               done ;;
         eval-gate-int8) gated eval-gate-int8 teacher:int8 int8 ;;
+        # students sharing their first layers with the teacher (SHARED_STUDENTS), their queries
+        # in int8, gated by teacher:int8, which goes on from their last shared layer instead of
+        # encoding the query again (X-Y only; the shipped student's rows are eval-gate-int8's)
+        eval-gate-shared) students=() gates=(--rerank-gate always)
+              for s in $SHARED_STUDENTS; do students+=(--query-encoder "$s"); done
+              for g in $GATES; do gates+=(--rerank-gate "$g"); done
+              VECPLUG_MODEL_QUERY_QUANTIZE=int8 "$VECPLUG" eval "$data" --index "$index" "${students[@]}" \
+                  --mode xy --debias on --rerank none --rerank teacher:int8 "${gates[@]}" \
+                  --out "$tmp/eval-gate-shared" --summary-only -q > "$tmp/eval-gate-shared.md" ;;
         # the same documents in the flat store (exact search: its corrected search ranks each
         # language's documents by centred cosine itself), beside the hnswlib store's index
         # searched the same way (eval-flat/hnswlib/: the corrected search ranks the languages
@@ -65,7 +78,7 @@ for name in $RUNS; do
                       --query-encoder me5-small --query-encoder "$STUDENT" --mode xy --mode mono \
                       --debias both --out "$out" --summary-only -q > "$tmp/eval-flat-$store.md"
               done ;;
-        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8 eval-centred eval-flat)" >&2; exit 2 ;;
+        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8 eval-gate-shared eval-centred eval-flat)" >&2; exit 2 ;;
     esac
 done
 # results replace the previous ones only when every run asked for finished

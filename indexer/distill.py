@@ -37,7 +37,7 @@ STUDENT_KIND = "vecplug query student"
 PRUNE_TEXTS = 1024
 #: config fields added after runs were checkpointed, with their defaults: they count in a run's
 #: fingerprint only when set, so a run checkpointed before they existed resumes
-LATER_FIELDS: dict[str, Any] = {"ffn_width": None, "init": None}
+LATER_FIELDS: dict[str, Any] = {"ffn_width": None, "init": None, "shared_layers": 0}
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ class DistillConfig:
     #: layers: train it on, or (with ``ffn_width``) narrow a trained student and train it on;
     #: ``layers`` must be its layer count
     init: str | None = None
+    #: the student's first N layers (and its embeddings) are the teacher's own, frozen: the
+    #: teacher reranker then goes on from the student's layer N instead of encoding the query
+    #: again, and such a student holds only its other layers
+    shared_layers: int = 0
 
     def __post_init__(self) -> None:
         # refused before any work: a batch of 0 divided by zero after the teacher's targets were
@@ -92,6 +96,12 @@ class DistillConfig:
                 raise ConfigError(f"{name} must be a finite number >= 0, not {value}")
         if self.warmup >= 1:
             raise ConfigError(f"warmup is a fraction of the steps (below 1), not {self.warmup}")
+        if not 0 <= self.shared_layers < self.layers:
+            raise ConfigError(f"shared_layers must be between 0 and layers - 1 ({self.layers - 1}), "
+                              f"not {self.shared_layers}")
+        if self.shared_layers and (self.ffn_width is not None or self.init is not None):
+            # pruning would change the shared layers; a student to start from has its own
+            raise ConfigError("shared_layers cannot be combined with ffn_width or init")
 
 
 @dataclass
@@ -106,15 +116,16 @@ class DistillReport:
 
 
 def default_student_folder(teacher: str, layers: int, dim: int | None = None,
-                           ffn_width: int | None = None) -> Path:
+                           ffn_width: int | None = None, shared_layers: int = 0) -> Path:
     """Where ``vecplug distill`` writes a student without ``--out``:
-    ``$VECPLUG_HOME/models/TEACHER-student-kN[-dD][-wW]``, which ``models list`` shows and
+    ``$VECPLUG_HOME/models/TEACHER-student-kN[-sS][-dD][-wW]``, which ``models list`` shows and
     ``--query-encoder`` takes by name. A name the package already ships (its default student)
     gets ``-local``: by name, the shipped student would be found instead of the new one."""
     from vecplug.indexer.models import BUILTIN_MODELS, BUILTIN_STUDENTS, models_dir
 
     base = Path(teacher).name if Path(teacher).exists() else teacher.replace("/", "--")
-    name = f"{base}-student-k{layers}{f'-d{dim}' if dim else ''}{f'-w{ffn_width}' if ffn_width else ''}"
+    name = (f"{base}-student-k{layers}{f'-s{shared_layers}' if shared_layers else ''}"
+            f"{f'-d{dim}' if dim else ''}{f'-w{ffn_width}' if ffn_width else ''}")
     if name in BUILTIN_STUDENTS or name in BUILTIN_MODELS:
         name += "-local"
     return models_dir() / name
@@ -298,7 +309,8 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
     from vecplug.indexer import checkpoint
     from vecplug.indexer.encoder import TextEncoder
     from vecplug.indexer.models import vecplug_home
-    from vecplug.indexer.student import make_head, make_student, pca, pick_layers, prune_ffn, save_student
+    from vecplug.indexer.student import (check_frozen, freeze_shared, make_head, make_student, pca, pick_layers,
+                                         prune_ffn, save_student)
     from vecplug.indexer.train_data import log_problems
 
     torch.manual_seed(checkpoint.torch_seed(config.seed))
@@ -341,8 +353,11 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
     if config.init:
         student, layers = _init_student(config, teacher)
     else:
-        layers = pick_layers(teacher.model.config.num_hidden_layers, config.layers, config.layer_choice)
+        layers = pick_layers(teacher.model.config.num_hidden_layers, config.layers, config.layer_choice,
+                             config.shared_layers)
         student = make_student(teacher.model, layers)
+        if config.shared_layers:
+            freeze_shared(student, config.shared_layers)
     student.eval()  # no dropout: this is regression onto fixed targets
     input_ids = teacher.tokenize(inputs, prefix, config.max_length)
     if config.ffn_width:
@@ -432,6 +447,7 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
         "teacher": teacher.info.spec,  # a folder as an absolute path: found from any directory
         "teacher_checksum": teacher.info.checksum,
         "layers": layers,
+        "shared_layers": config.shared_layers,
         "ffn_width": config.ffn_width,
         "init": config.init,
         "query_prefix": teacher.info.query_prefix,
@@ -447,6 +463,8 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
             "seconds": round(seconds, 1),
         },
     }
+    if config.shared_layers:
+        check_frozen(student, teacher.model, config.shared_layers)
     save_student(student, out, meta,
                  (projection[0], projection[1], modules["head"]) if projection is not None else None)
     shutil.rmtree(work, ignore_errors=True)

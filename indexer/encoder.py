@@ -224,6 +224,19 @@ class TextEncoder:
             from vecplug.indexer.compiled import CompiledForward
 
             self.compiled = CompiledForward(self.model)
+        #: a student sharing its first layers with its teacher (``indexer.cascade``), under
+        #: torch: its forward pass is split there, and each ``encode`` call keeps the states for
+        #: the teacher reranker to go on from (an ONNX graph gives only the last state)
+        self.shared_layers = info.shared_layers if runtime == "torch" else 0
+        self.split: Any = None
+        self.kept: Any = None
+        if self.shared_layers:
+            from vecplug.indexer.cascade import KeptStates, split_forward
+
+            self.split, self.kept = split_forward(self.model, self.shared_layers), KeptStates()
+        #: this model's upper layers by the layer they start at, for states a student kept
+        #: (:meth:`continue_from`)
+        self._uppers: dict[int, Any] = {}
 
     def tokenize(self, texts: Sequence[str], prefix: str, max_length: int) -> list[list[int]]:
         return self._shared.ids([prefix + t for t in texts], min(max_length, self.model_max_length))
@@ -255,6 +268,8 @@ class TextEncoder:
             # one token more tells a text cut from one that fits exactly (as passages do)
             full = [prefix + texts[i] for i, seq in enumerate(ids) if len(seq) >= limit]
             on_cut(sum(len(seq) > limit for seq in self._shared.ids(full, limit + 1)) if full else 0)
+        if self.kept is not None:
+            self.kept.begin()
         show = progress if progress is not None else len(texts) >= 512
         # no bar object at all when hidden: even a disabled one costs a query ~0.2 ms
         bar = tqdm(total=len(texts), desc=desc, unit="text", leave=False) if show else None
@@ -321,16 +336,48 @@ class TextEncoder:
             if due:
                 with LOAD_LOCK:  # tracing silences warnings process-wide (warnings.catch_warnings)
                     self._trace()
-        ids, mask = torch.from_numpy(input_ids), torch.from_numpy(mask)
-        if self.graph is not None:
-            hidden = self.graph(ids, mask)
+        ids, mask_t = torch.from_numpy(input_ids), torch.from_numpy(mask)
+        if self.split is not None:
+            hidden, state = (self.graph if self.graph is not None else self.split)(ids, mask_t)
+            self.kept.add(input_ids, mask, state)
+        elif self.graph is not None:
+            hidden = self.graph(ids, mask_t)
         elif self.compiled is not None and input_ids.size > SMALL_FORWARD_TOKENS:
-            hidden = self.compiled(ids, mask)
+            hidden = self.compiled(ids, mask_t)
         else:
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        hidden = hidden.float()  # bfloat16's 8-bit mantissa would round a sum of 256 tokens
-        m = mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+            hidden = self.model(input_ids=ids, attention_mask=mask_t).last_hidden_state
+        return _mean(hidden, mask_t)
+
+    def continue_from(self, states: Sequence[Any], start: int) -> np.ndarray:
+        """Unit vectors (n, out_dim) of texts whose hidden states after layer ``start`` are
+        ``states`` (one (tokens, hidden) tensor each, as a student sharing ``start`` layers with
+        this model kept them): this model's layers from ``start`` on, then its pooling and
+        projection, as :meth:`encode` would give for those texts (``indexer.cascade``)."""
+        import torch
+
+        from vecplug.indexer.cascade import Upper
+
+        if self.onnx is not None:  # an ONNX graph runs every layer: callers encode instead
+            raise ValueError("continue_from needs the torch runtime")
+        out = np.zeros((len(states), self.out_dim), dtype=np.float32)
+        if start not in self._uppers:
+            with LOAD_LOCK:
+                if start not in self._uppers:
+                    self._uppers[start] = Upper(self.model, start)
+        upper = self._uppers[start]
+        with torch.inference_mode():
+            for batch, _, mask in self._batches([[0] * len(s) for s in states]):
+                hidden = torch.zeros((len(batch), mask.shape[1], self.dim), dtype=upper.dtype)
+                for row, i in enumerate(batch):
+                    hidden[row, :len(states[i])] = states[i]
+                mask_t = torch.from_numpy(mask)
+                if mask.size <= SMALL_FORWARD_TOKENS and self.trace_after is not None:
+                    upper.count_small(self.trace_after, self._count_lock)
+                pooled = _mean(upper(hidden, mask_t), mask_t)
+                if self.post is not None:
+                    pooled = self.post(pooled)
+                out[batch] = torch.nn.functional.normalize(pooled, dim=-1).float().numpy()
+        return out
 
     def _int8_query(self) -> Any:
         """The model in torch's int8 recipe for a student's queries (``indexer.torch_int8``),
@@ -374,11 +421,19 @@ class TextEncoder:
         from vecplug.indexer.traced import TRACE_TEXTS, trace
 
         example, check = (next(self._batches(self.tokenize(texts, "", 32)))[1:] for texts in TRACE_TEXTS)
-        self.graph = trace(self.model, example, check)
+        self.graph = trace(self.model, example, check, forward=self.split)
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.info.spec, "checksum": self.info.checksum, "dim": self.dim,
                 "quantize": self.quantize, "runtime": self.runtime}
+
+
+def _mean(hidden: Any, mask: Any) -> Any:
+    """Mean of the hidden states over the real tokens, in float32 (bfloat16's 8-bit mantissa
+    would round a sum of 256 tokens)."""
+    hidden = hidden.float()
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
 
 def _drop_layers(model: Any) -> None:
@@ -584,6 +639,30 @@ class Encoder:
                         teacher.model.get_input_embeddings().weight = table
                     self._teacher_int8 = teacher
         return self._teacher_int8
+
+    def teacher_vectors(self, texts: Sequence[str], quantize: str | None = None) -> np.ndarray:
+        """Query ``texts`` as :meth:`teacher_queries` embeds them (a reranker's second opinion).
+
+        With a query student that shares its first layers with this teacher
+        (``indexer.cascade``), the queries it encoded last in this thread are not encoded again:
+        the teacher goes on from the states the student kept, through its own upper layers
+        (the same vectors, up to the student computing the shared layers in its own precision
+        or quantisation). The others are encoded whole."""
+        teacher = self.teacher_queries(quantize)
+        out = np.zeros((len(texts), teacher.out_dim), dtype=np.float32)
+        shared = self.query_info.shared_layers if self._one_table() and self.query_info.teacher else 0
+        kept = self._query.kept if self._query is not None and shared else None
+        found: dict[int, Any] = {}
+        if kept is not None and teacher.onnx is None:
+            ids = teacher.tokenize(texts, self.query_prefix, self.query_max_length)
+            found = {i: state for i, seq in enumerate(ids) if (state := kept.get(seq)) is not None}
+        if found:
+            out[list(found)] = teacher.continue_from(list(found.values()), shared)
+        rest = [i for i in range(len(texts)) if i not in found]
+        if rest:
+            out[rest] = teacher.encode([texts[i] for i in rest], self.query_prefix, self.query_max_length,
+                                       progress=False)
+        return out
 
     def _teacher_table(self) -> Any:
         """A loaded copy of the document model's vocabulary table, or None."""

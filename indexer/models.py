@@ -141,6 +141,8 @@ class ModelInfo:
     #: the query-side quantisation whose quality was measured for this model (a student's
     #: ``query_quantize`` in student.json): what ``query_quantize: auto`` runs
     query_quantize: str | None = None
+    #: for a student: how many of its first layers are its teacher's own (``indexer.cascade``)
+    shared_layers: int = 0
 
     @property
     def tokenizer_path(self) -> Path:
@@ -217,10 +219,12 @@ def list_models() -> list[dict[str, Any]]:
     for name, folder in BUILTIN_STUDENTS.items():
         meta = json.loads((folder / "student.json").read_text())
         default = f"; default query encoder for {meta['default_for']}" if meta.get("default_for") else ""
+        shared = (f", the first {meta['shared_layers']} the teacher's own (its reranker goes on from them)"
+                  if meta.get("shared_layers") else "")
         rows.append({"name": name, "built": True, "path": str(folder),
                      "checksum": _listed_checksum(folder),
                      "description": f"query student of {meta['teacher']}: {len(meta['layers'])} "
-                                    f"layers ({', '.join(map(str, meta['layers']))}){default}"})
+                                    f"layers ({', '.join(map(str, meta['layers']))}){shared}{default}"})
     if models_dir().is_dir():
         for d in sorted(models_dir().iterdir()):
             # model folders only (a Hugging Face config or a student): not stray folders
@@ -355,7 +359,7 @@ def _resolve_student(spec: str, folder: Path, build: bool, builtin: bool = False
     return ModelInfo(spec, folder, checksum,
                      meta.get("query_prefix", teacher.query_prefix),
                      meta.get("document_prefix", teacher.document_prefix), builtin, teacher,
-                     meta.get("query_quantize"))
+                     meta.get("query_quantize"), int(meta.get("shared_layers") or 0))
 
 
 def _download(spec: str) -> Path:

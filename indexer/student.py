@@ -41,22 +41,29 @@ def read_student_meta(folder: Path) -> dict[str, Any]:
         raise ModelError(f"{folder / STUDENT_META} is unreadable: {exc}") from exc
 
 
-def pick_layers(n_teacher: int, k: int, how: str = "spread") -> list[int]:
+def pick_layers(n_teacher: int, k: int, how: str = "spread", shared: int = 0) -> list[int]:
     """Which teacher layers initialise a k-layer student.
 
     ``first``: layers 0..k-1. ``spread``: evenly spaced from the first to the last layer
     (e.g. 0, 6, 11 of 12), which keeps the teacher's top layer, whose output space the
     student must match; measured far better than the first k layers for me5-small.
+    ``shared`` layers come first, the teacher's own 0..shared-1, and ``how`` chooses the
+    others among the layers above them (spread: e.g. 0-5 and 11 for k=7, shared=6).
     """
     if not 1 <= k <= n_teacher:
         raise ModelError(f"a student needs between 1 and {n_teacher} layers, not {k}")
+    if not 0 <= shared < k:
+        raise ModelError(f"a student of {k} layers can share 0 to {k - 1} of its teacher's, not {shared}")
+    if how not in ("first", "spread"):
+        raise ModelError(f"unknown layer choice '{how}' (first or spread)")
+    rest, above = k - shared, n_teacher - shared
     if how == "first":
-        return list(range(k))
-    if how == "spread":
-        if k == 1:
-            return [n_teacher - 1]
-        return sorted({round(i * (n_teacher - 1) / (k - 1)) for i in range(k)})
-    raise ModelError(f"unknown layer choice '{how}' (first or spread)")
+        tail = list(range(rest))
+    elif rest == 1:
+        tail = [above - 1]
+    else:
+        tail = sorted({round(i * (above - 1) / (rest - 1)) for i in range(rest)})
+    return list(range(shared)) + [shared + i for i in tail]
 
 
 def _encoder_layers(model: Any) -> Any:
@@ -97,6 +104,27 @@ def make_student(teacher: Any, layers: list[int]) -> Any:
     student.train()
     torch.manual_seed(0)
     return student
+
+
+def freeze_shared(student: Any, n: int) -> None:
+    """Freeze the student's embeddings and first ``n`` layers (the teacher's own, unchanged by
+    training), so that its hidden state after layer ``n`` is the teacher's."""
+    for p in student.embeddings.parameters():
+        p.requires_grad_(False)
+    for layer in _encoder_layers(student)[:n]:
+        for p in layer.parameters():
+            p.requires_grad_(False)
+
+
+def check_frozen(student: Any, teacher: Any, n: int) -> None:
+    """Refuse to save a student whose shared weights moved in training: its folder leaves them
+    out (they are read from the teacher at load), so a change would be lost unseen."""
+    import torch
+
+    mine, theirs = student.state_dict(), teacher.state_dict()
+    for key in shared_keys(mine, n):
+        if not torch.equal(mine[key], theirs[key]):
+            raise ModelError(f"the student's shared weight {key} changed in training: not saved")
 
 
 def prune_ffn(model: Any, width: int, batches: Iterable[dict[str, Any]]) -> None:
@@ -164,6 +192,10 @@ def save_student(student: Any, folder: Path, meta: dict[str, Any],
     try:
         state = {k: v.detach().contiguous() for k, v in student.state_dict().items()
                  if k != SHARED_KEY and not k.startswith("pooler.")}
+        # a student sharing layers with its teacher holds only its own: the others are the
+        # teacher's, read from it at load
+        for key in shared_keys(state, int(meta.get("shared_layers") or 0)):
+            del state[key]
         save_file(state, str(tmp / STUDENT_WEIGHTS), metadata={"format": "pt"})
         student.config.to_json_file(str(tmp / "config.json"))
         from vecplug.indexer.checksums import weights_sha256
@@ -239,12 +271,76 @@ def load_student(folder: Path, teacher_path: Path, teacher_checksum: str,
     if tuple(table.shape) != expected:
         raise ModelMismatchError(f"the teacher's vocabulary table has shape {tuple(table.shape)}, "
                                  f"student {folder} expects {expected}")
+    shared = int(meta.get("shared_layers") or 0)
+    if shared:
+        state = with_shared(state, shared_keys(model.state_dict(), shared), shared, teacher_path, folder)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [m for m in missing if m != SHARED_KEY and not m.startswith("pooler.")] or unexpected:
         raise ModelError(f"{folder}: weights do not fit the config (missing {missing}, unexpected {unexpected})")
     small.weight = torch.nn.Parameter(table, requires_grad=False)
     small.num_embeddings = vocab
     return model.float().eval()  # a student of an fp16 teacher: float32, as the teacher loads
+
+
+def shared_keys(state: Any, n: int) -> list[str]:
+    """The keys (of a student's weights) that a student sharing ``n`` layers takes unchanged
+    from its teacher: its embeddings but the vocabulary table, and its layers 0..n-1. Buffers
+    the teacher's files do not hold (position ids) are left to the model."""
+    if n <= 0:
+        return []
+    return [k for k in state if k != SHARED_KEY and not k.endswith("_ids") and (
+        k.startswith("embeddings.") or (k.startswith("encoder.layer.") and int(k.split(".")[2]) < n))]
+
+
+def with_shared(state: dict[str, Any], keys: list[str], n: int, teacher_path: Path,
+                folder: Path) -> dict[str, Any]:
+    """A shared-layer student's weights completed with the teacher's shared ones (``keys``):
+    its folder holds none of them, as ``save_student`` writes it. One that holds some must
+    hold the teacher's, or it is refused: the teacher reranker goes on from their state as if
+    the teacher had computed it (``indexer.cascade``)."""
+    import torch
+
+    teacher = _teacher_tensors(teacher_path, keys, folder)
+    for key, value in teacher.items():
+        if key in state and not torch.equal(state[key].float(), value.float()):
+            raise ModelMismatchError(
+                f"student {folder} says its first {n} layers are its teacher's ({teacher_path}), "
+                f"but its {key} is not the teacher's")
+    return {**state, **teacher}
+
+
+def _teacher_tensors(teacher_path: Path, keys: list[str], folder: Path) -> dict[str, Any]:
+    """The teacher's tensors for a student's ``keys`` (the teacher's names may carry a prefix
+    such as ``roberta.``), from its safetensors files without loading the model when it has
+    them; a key the teacher lacks is an error naming the student."""
+    files = sorted(Path(teacher_path).glob("*.safetensors"))
+    wanted = set(keys)
+    out: dict[str, Any] = {}
+
+    def take(name: str) -> str | None:
+        for key in wanted:
+            if name == key or name.endswith("." + key):
+                return key
+        return None
+
+    if files:
+        from safetensors import safe_open
+
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    key = take(name)
+                    if key is not None:
+                        out[key] = fh.get_tensor(name)
+    else:
+        from transformers import AutoModel
+
+        state = AutoModel.from_pretrained(str(teacher_path), trust_remote_code=False).state_dict()
+        out = {key: state[name] for name in state if (key := take(name)) is not None}
+    if wanted - set(out):
+        raise ModelMismatchError(f"student {folder} shares layers with its teacher {teacher_path}, which has "
+                                 f"no {sorted(wanted - set(out))[0]}")
+    return out
 
 
 def make_head(mean: Any, components: Any) -> Any:

@@ -53,17 +53,21 @@ def _forward(model: Any) -> Any:
     return Forward(model).eval()
 
 
-def trace(model: Any, example: tuple[np.ndarray, np.ndarray], check: tuple[np.ndarray, np.ndarray]) -> Any | None:
+def trace(model: Any, example: tuple[Any, np.ndarray], check: tuple[Any, np.ndarray],
+          forward: Any = None) -> Any | None:
     """``model``'s forward traced on ``example`` (input ids, mask): a callable (ids, mask tensors)
     -> last hidden state, or None when tracing fails or the graph's output on ``check`` (a batch
-    of another shape) is not the eager model's."""
+    of another shape) is not the eager model's. ``forward``: another module to trace instead,
+    taking (first input, mask) and giving one tensor or a tuple of them (each checked), such as
+    ``indexer.cascade``'s split forward pass and upper layers (whose first input is a hidden
+    state: a tensor rather than an array)."""
     import torch
 
     from vecplug.indexer.models import quiet_transformers
 
-    forward = _forward(model)
-    ids, mask = (torch.from_numpy(a) for a in example)
-    check_ids, check_mask = (torch.from_numpy(a) for a in check)
+    forward = _forward(model) if forward is None else forward
+    first, mask = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in example)
+    check_first, check_mask = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in check)
     try:
         # outside inference mode: a graph traced inside it holds inference tensors
         # quiet_transformers: the trace walks the model's attributes, and transformers' loss
@@ -72,9 +76,11 @@ def trace(model: Any, example: tuple[np.ndarray, np.ndarray], check: tuple[np.nd
             # TracerWarnings name the branches frozen (the check below is what decides), and
             # torch marks TorchScript as deprecated; neither is the user's business
             warnings.simplefilter("ignore")
-            graph = torch.jit.trace(forward, (ids, mask), check_trace=False, strict=False)
+            graph = torch.jit.trace(forward, (first, mask), check_trace=False, strict=False)
             real = check_mask.unsqueeze(-1).bool()  # padding positions may differ: not compared
-            gap = float(((graph(check_ids, check_mask) - forward(check_ids, check_mask)).abs() * real).max())
+            traced, eager = graph(check_first, check_mask), forward(check_first, check_mask)
+            pairs = zip(traced, eager) if isinstance(eager, tuple) else [(traced, eager)]
+            gap = max(float(((a.float() - b.float()).abs() * real).max()) for a, b in pairs)
     except Exception as exc:  # noqa: BLE001 - any failure means: stay eager
         log.debug("model not traced: %s", exc)
         return None

@@ -20,6 +20,11 @@ def test_pick_layers() -> None:
     assert pick_layers(12, 6) == [0, 2, 4, 7, 9, 11]
     assert pick_layers(12, 3, "first") == [0, 1, 2]
     assert pick_layers(2, 1) == [1]
+    # shared layers come first, the others spread (or first) above them
+    assert pick_layers(12, 7, "spread", 6) == [0, 1, 2, 3, 4, 5, 11]
+    assert pick_layers(12, 8, "spread", 6) == [0, 1, 2, 3, 4, 5, 6, 11]
+    assert pick_layers(12, 7, "first", 6) == [0, 1, 2, 3, 4, 5, 6]
+    assert pick_layers(2, 2, "spread", 1) == [0, 1]
 
 
 def test_bad_tatoeba_lines_are_reported_and_skipped(tmp_path: Path) -> None:
@@ -281,7 +286,8 @@ def test_checkpoints_of_earlier_versions_still_match() -> None:
     from vecplug.indexer.distill import _fingerprint
 
     before = hashlib.sha256()
-    fields = {k: v for k, v in asdict(DistillConfig()).items() if k not in ("checkpoint_every", "ffn_width", "init")}
+    fields = {k: v for k, v in asdict(DistillConfig()).items()
+              if k not in ("checkpoint_every", "ffn_width", "init", "shared_layers")}
     before.update(json.dumps(fields, sort_keys=True).encode())
     before.update(b"sum")
     before.update(b"a\x00b\x01")

@@ -93,6 +93,7 @@ def test_a_distilled_student_never_takes_a_shipped_student_s_name(tiny_student: 
     assert default_student_folder("me5-small", layers) == models_dir() / f"{shipped}-local"
     assert default_student_folder("me5-small", 2) == models_dir() / "me5-small-student-k2"
     assert default_student_folder("org/model", 3, dim=128).name == "org--model-student-k3-d128"
+    assert default_student_folder("me5-small", 7, shared_layers=6).name == "me5-small-student-k7-s6"
     shutil.copytree(tiny_student, models_dir() / shipped)
     rows = [r for r in list_models() if r["name"] == shipped]
     assert len(rows) == 2 and "found by name: give this one's path" in rows[1]["description"]

@@ -516,6 +516,7 @@ def test_teacher_drops_candidates_removed_while_it_reranks(tmp_path: Path) -> No
 
     teacher = Teacher()
     encoder.teacher_queries = lambda quantize: teacher  # as Encoder.teacher_queries gives it
+    encoder.teacher_vectors = lambda texts, quantize: teacher.encode(texts, "", 64)  # Encoder.teacher_vectors
     encoder.query_prefix, encoder.query_max_length = "", 64
     encoder.query = None  # loaded by the search before its clock starts: nothing to load
     reader._encoder, reader._detector = encoder, object()  # the query's language is given

@@ -310,6 +310,9 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
                                      "teacher's layers, e.g. with --ffn-width to narrow a trained student.")
 @click.option("--ffn-width", type=int, help="Feed-forward neurons kept per layer (me5-small has 1536), the ones "
                                             "contributing most on the training texts: faster queries.")
+@click.option("--shared-layers", type=int, default=0, show_default=True,
+              help="The student's first N layers are the teacher's own, frozen: the teacher reranker "
+                   "goes on from there instead of encoding the query again.")
 @click.option("--out", type=click.Path(file_okay=False),
               help="Student folder: new, or a student of the same teacher (replaced) [default: "
                    "$VECPLUG_HOME/models/TEACHER-student-kN; -local added to a name the package ships].")
@@ -319,7 +322,7 @@ def verify_cmd(sample: int, no_encode: bool, **common: Any) -> None:
 def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | None, texts: tuple[str, ...],
                 epochs: int, batch_size: int, learning_rate: float, max_texts: int, seed: int,
                 contrastive_weight: float, dim: int | None, init: str | None, ffn_width: int | None,
-                out: str | None, stop_after: int | None, quiet: bool) -> None:
+                shared_layers: int, out: str | None, stop_after: int | None, quiet: bool) -> None:
     """Distil a small query encoder (student) from a document encoder (MSE on query vectors).
 
     Interrupted runs resume from their checkpoint when run again with the same options.
@@ -331,8 +334,8 @@ def distill_cmd(teacher: str, layers: int, layer_choice: str, tatoeba: str | Non
     config = DistillConfig(teacher=teacher, layers=layers, layer_choice=layer_choice, epochs=epochs,
                            batch_size=batch_size, learning_rate=learning_rate, max_texts=max_texts,
                            seed=seed, tatoeba=tatoeba, texts=texts, dim=dim, ffn_width=ffn_width, init=init,
-                           contrastive_weight=contrastive_weight)
-    folder = Path(out) if out else default_student_folder(teacher, layers, dim, ffn_width)
+                           contrastive_weight=contrastive_weight, shared_layers=shared_layers)
+    folder = Path(out) if out else default_student_folder(teacher, layers, dim, ffn_width, shared_layers)
     report = distill(config, folder, progress=not quiet, command="vecplug " + " ".join(sys.argv[1:]),
                      log=lambda m: click.echo(m, err=True), stop_after=stop_after)
     if report is None:

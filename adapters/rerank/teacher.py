@@ -53,7 +53,11 @@ class TeacherReranker(Reranker):
         self._teacher(context)  # loads the model (lazily made)
 
     def _teacher(self, context: RerankContext) -> Any:
-        """The encoder's teacher for this reranker's quantisation (``auto`` resolved here)."""
+        """The encoder's teacher for this reranker's quantisation."""
+        return context.encoder.teacher_queries(self._quantize(context))
+
+    def _quantize(self, context: RerankContext) -> str | None:
+        """This reranker's quantisation for the context's encoder (``auto`` resolved here)."""
         enc = context.encoder
         quantize = self.quantize
         if quantize == "auto":
@@ -61,13 +65,12 @@ class TeacherReranker(Reranker):
 
             quantize = teacher_quantize_for("auto", enc.precision, enc.runtime)
             self._resolved = quantize or "none"
-        return enc.teacher_queries(quantize)
+        return quantize
 
     def encode_queries(self, texts: Sequence[str], context: RerankContext) -> np.ndarray:
-        """The teacher's vectors for query ``texts``, one batched pass."""
-        enc = context.encoder
-        return self._teacher(context).encode(list(texts), enc.query_prefix, enc.query_max_length,
-                                             progress=False)
+        """The teacher's vectors for query ``texts``, one batched pass (from the query student's
+        kept states when it shares layers with the teacher: ``Encoder.teacher_vectors``)."""
+        return context.encoder.teacher_vectors(list(texts), self._quantize(context))
 
     def rerank(self, queries: Sequence[Query], candidates: Sequence[Sequence[StoreHit]],
                context: RerankContext) -> list[list[StoreHit]]:
