@@ -229,3 +229,31 @@ def test_cli_distills_a_shared_student(tiny_model: Path, texts_file: Path) -> No
     res = CliRunner().invoke(cli, ["distill", "--teacher", str(tiny_model), "-k", "2", "--shared-layers", "2",
                                    "--texts", str(texts_file), "-q"])
     assert res.exit_code != 0 and "shared_layers must be between 0 and layers - 1 (1)" in res.output
+
+
+@pytest.mark.slow
+def test_views_of_the_real_model(built_me5: Path) -> None:
+    """me5-small (XLM-R: position ids from the padding, its own attention masks): the split
+    forward pass and the upper layers give its own states, also traced, int8 too."""
+    import torch
+
+    from vecplug.indexer.cascade import Upper, split_forward
+    from vecplug.indexer.encoder import TextEncoder
+    from vecplug.indexer.models import resolve_model
+
+    for quantize in (None, "int8"):
+        enc = TextEncoder(resolve_model("me5-small"), quantize=quantize)
+        ids = enc.tokenize(["query: Wie hoch ist der Everest?", "query: 珠穆朗玛峰有多高"], "", 64)
+        _, x, m = next(enc._batches(ids))
+        x_t, m_t = torch.from_numpy(x), torch.from_numpy(m)
+        real = m_t.unsqueeze(-1).bool()
+        with torch.inference_mode():
+            full = enc.model(input_ids=x_t, attention_mask=m_t).last_hidden_state
+            last, state = split_forward(enc.model, 6)(x_t, m_t)
+            upper = Upper(enc.model, 6)
+            for _ in range(3):
+                upper.count_small(3, threading.Lock())
+            assert upper.graph is not None  # traced on the third small pass
+            again = upper(state, m_t)
+        for got in (last, again):
+            assert float(((got - full).abs() * real).max()) < 1e-4
