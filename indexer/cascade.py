@@ -27,12 +27,6 @@ import numpy as np
 KEEP_TOKENS = 262_144
 
 
-def _layers(model: Any) -> Any:
-    from vecplug.indexer.student import _encoder_layers
-
-    return _encoder_layers(model)
-
-
 def layer_view(model: Any, start: int, stop: int | None = None) -> Any:
     """``model`` running only its layers ``start:stop``: from the token ids (with its
     embeddings) when ``start`` is 0, else from a hidden state given as ``inputs_embeds``.
@@ -44,11 +38,13 @@ def layer_view(model: Any, start: int, stop: int | None = None) -> Any:
     """
     import torch
 
+    from vecplug.indexer.student import _encoder_layers
+
     view = copy.copy(model)
     view._modules = dict(model._modules)
     encoder = copy.copy(model.encoder)
     encoder._modules = dict(model.encoder._modules)
-    encoder._modules["layer"] = torch.nn.ModuleList(list(_layers(model))[start:stop])
+    encoder._modules["layer"] = torch.nn.ModuleList(list(_encoder_layers(model))[start:stop])
     view._modules["encoder"] = encoder
     if start > 0:
         view._modules["embeddings"] = _pass_through()
@@ -91,7 +87,7 @@ def upper_forward(model: Any, start: int) -> Any:
 
     upper = layer_view(model, start)
 
-    class Upper(torch.nn.Module):
+    class UpperLayers(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.upper = upper
@@ -99,7 +95,7 @@ def upper_forward(model: Any, start: int) -> Any:
         def forward(self, state: Any, attention_mask: Any) -> Any:
             return self.upper(inputs_embeds=state, attention_mask=attention_mask).last_hidden_state
 
-    return Upper().eval()
+    return UpperLayers().eval()
 
 
 class Upper:
