@@ -67,7 +67,7 @@ def split_forward(model: Any, shared: int) -> Any:
     the model's own forward pass, in two views (traceable as one graph)."""
     import torch
 
-    lower, upper = layer_view(model, 0, shared), layer_view(model, shared)
+    lower, upper = layer_view(model, 0, shared), upper_forward(model, shared)
 
     class Split(torch.nn.Module):
         def __init__(self) -> None:
@@ -76,7 +76,7 @@ def split_forward(model: Any, shared: int) -> Any:
 
         def forward(self, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
             state = self.lower(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            return self.upper(inputs_embeds=state, attention_mask=attention_mask).last_hidden_state, state
+            return self.upper(state, attention_mask), state
 
     return Split().eval()
 

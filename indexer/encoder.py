@@ -366,6 +366,7 @@ class TextEncoder:
                     self._uppers[start] = Upper(self.model, start)
         upper = self._uppers[start]
         with torch.inference_mode():
+            # the token planner's batches by length (placeholder ids: only the lengths count)
             for batch, _, mask in self._batches([[0] * len(s) for s in states]):
                 hidden = torch.zeros((len(batch), mask.shape[1], self.dim), dtype=upper.dtype)
                 for row, i in enumerate(batch):

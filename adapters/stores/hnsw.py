@@ -1131,12 +1131,12 @@ class HnswStore(VectorStore):
         per filter and mean until the next write). Under the mutex."""
         if mean is None:
             return column_dots(columns, query)
-        scales = self._column_scales
-        cached = scales.get((key, mean.tobytes()))
+        scales, entry = self._column_scales, (key, mean.tobytes())
+        cached = scales.get(entry)
         if cached is None:
             if len(scales) >= MAX_COLUMN_SCALES:  # other means than the index's own: a caller's
                 scales.clear()
-            cached = scales[(key, mean.tobytes())] = centring.inverse_distances(columns.T, mean)
+            cached = scales[entry] = centring.inverse_distances(columns.T, mean)
         return centred_column_scores(columns, query, mean, cached)
 
     def _filter_for(self, key: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | frozenset[int]]:
