@@ -91,6 +91,10 @@ def test_the_corrected_search_is_one_walk_on_a_centred_graph(tmp_path: Path, mon
     real = HnswStore.candidates_per_language
     monkeypatch.setattr(HnswStore, "candidates_per_language",
                         lambda self, *a, **kw: asked.append(str(self.folder)) or real(self, *a, **kw))
+    scanned: list[str] = []
+    real_scan = HnswStore.centred_search_batch
+    monkeypatch.setattr(HnswStore, "centred_search_batch",
+                        lambda self, *a, **kw: scanned.append(str(self.folder)) or real_scan(self, *a, **kw))
     centred, plain = HnswStore.open(str(tmp_path / "c"), {}), HnswStore.open(str(tmp_path / "p"), {})
     try:
         assert centred.centred and not plain.centred
@@ -109,6 +113,12 @@ def test_the_corrected_search_is_one_walk_on_a_centred_graph(tmp_path: Path, mon
         assert (centred._index.dim, centred._index.get_current_count()) == (plain._index.dim, 4000) == (DIM, 4000)
         sizes = [next((tmp_path / name).glob("vectors-*.hnsw")).stat().st_size for name in ("c", "p")]
         assert abs(sizes[0] - sizes[1]) < 0.005 * sizes[1]
+        assert not scanned  # the centred graph's one walk comes first
+        # a plain graph whose languages it scans: one exact scan of them all, ranked at once
+        modes.first_stage(plain, X[0], langs[0], "xy", 10, None, means)
+        assert (asked, scanned) == ([], [str(tmp_path / "p")])
+        monkeypatch.setattr(hnsw, "scan_limit", lambda total: 10)  # ... and one it walks
+        plain._forget_filters()  # (kept until the next write)
         modes.first_stage(plain, X[0], langs[0], "xy", 10, None, means)
         assert asked == [str(tmp_path / "p")]
         # a chosen set of languages, and consensus, still go language by language

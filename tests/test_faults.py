@@ -677,8 +677,8 @@ def test_qdrant_readers_in_other_processes_follow_a_writer(tmp_path: Path) -> No
         searches += result["ok"]
         followed.append(len(seen))
         assert max(seen) == k, sorted(seen)  # it followed the writer to its last commit
-        if r in early:
-            assert result["ok"] > 50 and len(seen) > 2, sorted(seen)
+        if r in early:  # searched across the writer's commits (how many searches: the machine's speed)
+            assert len(seen) > 2, sorted(seen)
     assert not any(copies.iterdir())
     print(f"\n[qdrant readers] {len(early) + len(late)} reader processes beside a writer that "
           f"committed {k} times: {searches} searches, each exactly a commit's answer; commits "

@@ -221,6 +221,56 @@ def test_hnswlib_walks_a_large_language_towards_its_hint(tmp_path: Path, monkeyp
         store.close()
 
 
+def test_hnswlib_ranks_the_languages_it_scans_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A corrected search of languages the hnswlib store scans: one ranking of every scanned
+    language's centred cosines, only the k kept read, the same hits as each language's best 2k
+    rescored (what the correction did before); a batch's hits and scores are the single
+    searches' to the last bit, with the stored vectors; a language asked that has no document
+    adds nothing; a walked language, or a centred graph, leaves it to the per-language path."""
+    import vecplug.adapters.stores.hnsw as hnsw
+    from vecplug.adapters import bias
+
+    rng = np.random.default_rng(21)
+    shifts = 0.6 * unit_vectors(3, DIM, seed=22)  # languages apart, as a multilingual encoder's
+    of = np.arange(600) % 7 % 3  # languages of 258, 171 and 171 documents
+    vecs = unit_vectors(600, DIM, seed=23) + shifts[of]
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    queries = unit_vectors(12, DIM, seed=24) + 0.5 * shifts[rng.integers(0, 3, 12)]
+    recs = [dataclasses.replace(r, lang=LANGS[of[i]]) for i, r in enumerate(records(600))]
+    stats = bias.LanguageStats(DIM)
+    stats.add([r.lang for r in recs], vecs)
+    means = stats.means()
+    qlangs = [LANGS[i % 3] for i in range(len(queries))]
+    store = hnsw.HnswStore.create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        store.upsert(recs, vecs)
+        store.commit()
+        centred = means.centre(np.asarray(queries, dtype=np.float32), qlangs)
+        by_lang = {lang: means.of(lang) for lang in LANGS}
+        batch = store.centred_search_batch(centred, 10, [*LANGS, "es"], by_lang)
+        C = means.centre(vecs, [r.lang for r in recs])
+        for q, hits in zip(centred, batch):
+            truth = np.argsort(-(C @ q), kind="stable")[:10]
+            assert [h.record.id for h in hits] == [recs[i].id for i in truth]
+            np.testing.assert_allclose([h.score for h in hits], (C @ q)[truth], atol=1e-5)
+            for h in hits:
+                np.testing.assert_array_equal(h.vector, vecs[int(h.record.payload["n"])])
+            one = store.centred_search_batch(q, 10, list(LANGS), by_lang)[0]
+            assert [(h.record.id, h.score) for h in one] == [(h.record.id, h.score) for h in hits]
+            old = bias.best_centred(store, means, q, store.candidates_per_language(q, 20, LANGS, means=by_lang), 10)
+            assert [h.record.id for h in old] == [h.record.id for h in hits]
+        assert [[h.record.lang for h in r] for r in store.centred_search_batch(centred, 4, ["de"], by_lang)] == \
+            [["de"] * 4] * len(centred)
+        assert store.centred_search_batch(centred, 10, ["es"], {"es": means.overall}) == [[]] * len(centred)
+        with pytest.raises(ModelMismatchError, match="dimension 5, the index at .* has 12"):
+            store.centred_search_batch(np.ones((2, 5), np.float32), 10, LANGS, by_lang)
+        monkeypatch.setattr(hnsw, "scan_limit", lambda total: 100)
+        store._forget_filters()  # (kept until the next write)
+        assert store.centred_search_batch(centred, 10, LANGS, by_lang) is None
+    finally:
+        store.close()
+
+
 @pytest.mark.filterwarnings("error:Local mode performs exact")  # no params sent to a local client
 @pytest.mark.parametrize("target", ["qdrant-embedded", "qdrant-server"], indirect=True)
 def test_qdrant_walks_a_large_language_towards_its_hint(target: tuple[type, str, dict[str, Any]],
