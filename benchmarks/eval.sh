@@ -14,6 +14,7 @@
 #      SHARED_STUDENTS (default: "me5-small-student-k6-s3 me5-small-student-k7-s6": the
 #      students of RUNS=eval-gate-shared, distilled by the README's "Shared-layer students"),
 #      RUNS (default: "eval eval-prefer eval-gate"; a subset runs only those; also eval-gate-int8,
+#      eval-teacher-recipe: the teacher's queries in float, int8 and the reranker's int8 recipe,
 #      eval-gate-shared: students sharing layers with the teacher, gated by teacher:int8,
 #      eval-centred: the index with a graph of language-centred vectors, and eval-flat: the
 #      flat store's exact search beside the hnswlib store's),
@@ -59,6 +60,20 @@ for name in $RUNS; do
                       --consensus both --out "$out" --summary-only -q > "$tmp/eval-centred-$graph.md"
               done ;;
         eval-gate-int8) gated eval-gate-int8 teacher:int8 int8 ;;
+        # the teacher's queries in each of its settings, with and without the correction: the
+        # student reranked by the float teacher and by teacher:int8 (the students' query recipe,
+        # indexer.encoder.TEACHER_RERANK_RECIPE), then the teacher alone in float (float/), in
+        # int8 as its own queries take it (the documents' recipe: int8/) and in the reranker's
+        # recipe (int8-query/, benchmarks/teacher_query_recipe.py)
+        eval-teacher-recipe) out="$tmp/eval-teacher-recipe"
+              "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode xy --rerank teacher \
+                  --rerank teacher:int8 --debias both --out "$out" --summary-only -q > "$out.md"
+              for q in float int8 int8-query; do
+                  run=("$VECPLUG"); [[ $q == int8-query ]] && run=("$PYTHON" "$here/teacher_query_recipe.py")
+                  VECPLUG_MODEL_QUERY_QUANTIZE=$([[ $q == float ]] && echo none || echo int8) "${run[@]}" eval "$data" \
+                      --index "$index" --query-encoder me5-small --mode xy --mode mono --debias both \
+                      --out "$out/$q" --summary-only -q > "$out-$q.md"
+              done ;;
         # students sharing their first layers with the teacher (SHARED_STUDENTS), their queries
         # in int8, gated by teacher:int8, which goes on from their last shared layer instead of
         # encoding the query again (X-Y only; the shipped student's rows are eval-gate-int8's)
@@ -78,7 +93,7 @@ for name in $RUNS; do
                       --query-encoder me5-small --query-encoder "$STUDENT" --mode xy --mode mono \
                       --debias both --out "$out" --summary-only -q > "$tmp/eval-flat-$store.md"
               done ;;
-        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8 eval-gate-shared eval-centred eval-flat)" >&2; exit 2 ;;
+        *) echo "unknown run '$name' (known: eval eval-prefer eval-gate eval-gate-int8 eval-teacher-recipe eval-gate-shared eval-centred eval-flat)" >&2; exit 2 ;;
     esac
 done
 # results replace the previous ones only when every run asked for finished
@@ -86,7 +101,7 @@ for name in $RUNS; do
     rm -rf "$here/results/$name"
     mv "$tmp/$name" "$here/results/$name"
     cat "$here/results/$name/report.md"
-    for sub in teacher plain hnswlib; do
+    for sub in teacher plain hnswlib float int8 int8-query; do
         if [[ -f "$here/results/$name/$sub/report.md" ]]; then cat "$here/results/$name/$sub/report.md"; fi
     done
 done

@@ -121,7 +121,8 @@ class TextEncoder:
 
     ``quantize``: None or ``int8``; ``runtime``: ``torch`` or ``onnx``. ``int8_recipe``: which
     of ``onnx_runtime.INT8_RECIPES`` int8 means, under either runtime (``int8-query`` only for
-    an encoder of queries where that recipe was measured: a student); under torch also
+    an encoder of queries where that recipe was measured: a student, and under torch the
+    teacher reranker's queries); under torch also
     ``int8-general``, torch's general recipe (:func:`_int8`, kept for the benchmarks that
     compare with it). ``precision``: ``float32``
     or ``bfloat16`` (``indexer.precision``), for a model run unquantised by torch, and for the
@@ -500,6 +501,20 @@ def _x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 
 
+#: the int8 recipe (``onnx_runtime.INT8_RECIPES``) of the teacher reranker's queries under torch
+#: (``teacher:int8``): the students' query recipe, every linear int8 with the FFN
+#: down-projections smoothed (``indexer.torch_int8``), about twice the documents' recipe's speed
+#: on a query. The reranked ranking keeps 99.4% of the float teacher reranker's X-Y mAP@20 on
+#: XQuAD-R with the language-bias correction and 99.6% without (README "The rerank gate").
+#: Under ONNX Runtime the reranker keeps the documents' recipe (not measured in this one).
+TEACHER_RERANK_RECIPE = "int8-query"
+#: the int8 recipe of a document encoder's own queries (``model.query_quantize: int8``): the
+#: documents' recipe. In :data:`TEACHER_RERANK_RECIPE` they would keep 98.6% of the float
+#: teacher's X-Y mAP@20 without the correction, below the 99% an int8 switch must keep
+#: (``benchmarks/teacher_query_recipe.py`` measures it by setting this).
+TEACHER_QUERY_RECIPE = "int8"
+
+
 def teacher_quantize_for(setting: str | None, precision: str, runtime: str) -> str | None:
     """The teacher reranker's quantisation (``teacher``, ``teacher:none``, ``teacher:int8``,
     ``teacher:auto``) for an encoder whose float models run in ``precision`` under
@@ -618,10 +633,10 @@ class Encoder:
     def teacher_queries(self, quantize: str | None = None) -> TextEncoder:
         """The document encoder as a reranker re-embeds queries with it (the teacher of a
         student): the document side as loaded (``quantize`` None or ``none``), or ``int8``:
-        the documents' int8 recipe run as the teacher's own queries run it under
-        ``model.query_quantize: int8`` (FBGEMM kernels, float32 float layers: what single
-        queries measured fastest with), loaded on first use with the teacher's vocabulary
-        table shared with whichever side holds it. Its vectors (and projection, if any) are
+        under torch in :data:`TEACHER_RERANK_RECIPE` (a student's query recipe: FBGEMM kernels,
+        every linear int8), under ONNX Runtime in the documents' recipe; the teacher's own int8
+        queries (``model.query_quantize: int8``) when it embeds the queries itself. Loaded on
+        first use with the teacher's vocabulary table shared with whichever side holds it. Its vectors (and projection, if any) are
         the document side's: a query re-embedded here scores against the stored documents.
         ``auto``: :func:`teacher_quantize_for` chooses (int8 on a CPU without AMX)."""
         if teacher_quantize_for(quantize, self.precision, self.runtime) is None:
@@ -631,10 +646,11 @@ class Encoder:
         if self._teacher_int8 is None:
             with LOAD_LOCK:
                 if self._teacher_int8 is None:
+                    recipe = TEACHER_RERANK_RECIPE if self.runtime == "torch" else "int8"
                     teacher = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                           post=_pca_map(self.projection) if self.projection else None,
-                                          quantize="int8", runtime=self.runtime, trace=self.trace,
-                                          precision=self.precision)
+                                          quantize="int8", runtime=self.runtime, int8_recipe=recipe,
+                                          trace=self.trace, precision=self.precision)
                     table = self._teacher_table()
                     if table is not None:  # quantisation leaves the table float: one copy for all
                         teacher.model.get_input_embeddings().weight = table
@@ -697,8 +713,8 @@ class Encoder:
             # int8: the documents' recipe under either runtime (the queries' one was measured
             # on a student, not on a document encoder's own queries)
             query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
-                                quantize=self.query_quantize, runtime=self.runtime, trace=self.trace,
-                                precision=self.precision)
+                                quantize=self.query_quantize, runtime=self.runtime,
+                                int8_recipe=TEACHER_QUERY_RECIPE, trace=self.trace, precision=self.precision)
             table = self._teacher_table()
             if table is not None:  # one table for both sides (quantisation leaves it)
                 query.model.get_input_embeddings().weight = table
