@@ -61,15 +61,17 @@ for name in $RUNS; do
               done ;;
         eval-gate-int8) gated eval-gate-int8 teacher:int8 int8 ;;
         # the teacher's queries in each of its settings, with and without the correction: the
-        # student reranked by the float teacher and by teacher:int8 (the students' query recipe,
-        # indexer.encoder.TEACHER_RERANK_RECIPE), then the teacher alone in float (float/), in
-        # int8 as its own queries take it (the documents' recipe: int8/) and in the reranker's
-        # recipe (int8-query/, benchmarks/teacher_query_recipe.py)
+        # student reranked by the float teacher and by teacher:int8, then the teacher alone in
+        # float (float/), in int8 as vecplug runs it (indexer.encoder.TEACHER_QUERY_RECIPE: int8/),
+        # in the students' query recipe (int8-query/) and in the documents' recipe
+        # (int8-documents/; these two by benchmarks/teacher_query_recipe.py)
         eval-teacher-recipe) out="$tmp/eval-teacher-recipe"
               "$VECPLUG" eval "$data" --index "$index" --query-encoder "$STUDENT" --mode xy --rerank teacher \
                   --rerank teacher:int8 --debias both --out "$out" --summary-only -q > "$out.md"
-              for q in float int8 int8-query; do
-                  run=("$VECPLUG"); [[ $q == int8-query ]] && run=("$PYTHON" "$here/teacher_query_recipe.py")
+              for q in float int8 int8-query int8-documents; do
+                  run=("$VECPLUG")
+                  [[ $q == int8-query ]] && run=("$PYTHON" "$here/teacher_query_recipe.py" int8-query)
+                  [[ $q == int8-documents ]] && run=("$PYTHON" "$here/teacher_query_recipe.py" int8)
                   VECPLUG_MODEL_QUERY_QUANTIZE=$([[ $q == float ]] && echo none || echo int8) "${run[@]}" eval "$data" \
                       --index "$index" --query-encoder me5-small --mode xy --mode mono --debias both \
                       --out "$out/$q" --summary-only -q > "$out-$q.md"
@@ -101,7 +103,7 @@ for name in $RUNS; do
     rm -rf "$here/results/$name"
     mv "$tmp/$name" "$here/results/$name"
     cat "$here/results/$name/report.md"
-    for sub in teacher plain hnswlib float int8 int8-query; do
+    for sub in teacher plain hnswlib float int8 int8-query int8-documents; do
         if [[ -f "$here/results/$name/$sub/report.md" ]]; then cat "$here/results/$name/$sub/report.md"; fi
     done
 done

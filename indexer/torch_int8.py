@@ -136,11 +136,15 @@ def cached_peaks(info: Any, model: Any, recipe: str, prefixes: Sequence[str], na
     return peaks
 
 
-def int8_query(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA) -> Any:
+def int8_query(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA,
+               float_layers: Sequence[int] = ()) -> Any:
     """``model`` (changed in place) with its down-projections smoothed by ``peaks`` and every
-    linear layer int8 (weights per output channel, activations per tensor on 8 bits)."""
+    linear layer int8 (weights per output channel, activations per tensor on 8 bits), but the
+    down-projections of the layers numbered ``float_layers``, which stay float32 (the i-th of
+    :func:`narrowing`'s, in the model's order: layer i's)."""
     import torch
 
+    kept = {name for i, name in enumerate(narrowing(model)) if i in set(float_layers)}
     smooth(model, peaks, alpha)
     with warnings.catch_warnings():
         # torch marks its eager-mode quantisation as deprecated in favour of torchao, which
@@ -149,8 +153,9 @@ def int8_query(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA) -
         from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+        # (smoothing wrapped each down-projection: its linear is now "<name>.linear")
         spec = {name: per_channel_dynamic_qconfig for name, m in model.named_modules()
-                if isinstance(m, torch.nn.Linear)}
+                if isinstance(m, torch.nn.Linear) and name.removesuffix(".linear") not in kept}
         model = quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
     for name, m in list(model.named_modules()):
         if isinstance(m, DynamicLinear):

@@ -86,14 +86,41 @@ def test_a_stale_or_broken_calibration_cache_is_made_again(tiny_model: Path, tin
         assert again is not None and all(np.array_equal(again[k], good[k]) for k in good)
 
 
-def test_a_document_encoder_s_own_int8_queries_take_the_documents_recipe(tiny_model: Path,
-                                                                         fresh_machine: Path) -> None:
-    """The student's recipe was measured on a student; a document encoder's own queries take
-    the documents' (as under ONNX Runtime): down-projections float32, Q, K, V one smoothed int8
-    product, on FBGEMM's kernels (single queries) in float32, whatever the machine."""
+def test_a_document_encoder_s_own_int8_queries_take_the_teacher_recipe(tiny_model: Path, fresh_machine: Path) -> None:
+    """A document encoder's own queries (under torch): the students' recipe but for the first
+    layer's FFN down-projection, which stays float32 (smoothed, so the same function); on
+    FBGEMM's kernels in float32 whatever the machine; the query recipe's cached peaks."""
+    import torch
+
+    enc = Encoder.from_specs(str(tiny_model), query_quantize="int8", precision="bfloat16")
+    model = enc.query.model
+    down = torch_int8.narrowing(Encoder.from_specs(str(tiny_model), query_quantize="none").query.model)
+    floats = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear]
+    assert floats == [down[0] + ".linear"] and model.get_submodule(down[0] + ".linear").weight.dtype == torch.float32
+    assert hasattr(model.get_submodule(down[0]), "inverse")  # smoothed as the others are
+    assert len([m for m in model.modules() if hasattr(m, "dynamic")]) == 6 * model.config.num_hidden_layers - 1
+    cache = fresh_machine / "cache"
+    assert list(cache.glob("int8-peaks-*")) and not list(cache.glob("int8-documents-peaks-*"))
+    fp32 = Encoder.from_specs(str(tiny_model), query_quantize="none", precision="float32")
+    assert (enc.encode_queries(TEXTS) * fp32.encode_queries(TEXTS)).sum(1).min() > 0.98
+    # int8_query keeps the layers it is told to in float32, by number
+    again = torch_int8.int8_query(Encoder.from_specs(str(tiny_model), query_quantize="none").query.model,
+                                  torch_int8.load_peaks(next(cache.glob("int8-peaks-*"))), float_layers=(1,))
+    assert [name for name, m in again.named_modules() if type(m) is torch.nn.Linear] == [down[1] + ".linear"]
+
+
+def test_the_documents_recipe_on_a_document_encoder_s_queries(tiny_model: Path, fresh_machine: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TEACHER_QUERY_RECIPE = "int8"`` (``benchmarks/teacher_query_recipe.py``: what a
+    document encoder's own queries took until 2026-11-29): the documents' recipe, as under ONNX
+    Runtime: down-projections float32, Q, K, V one smoothed int8 product, on FBGEMM's kernels
+    (single queries) in float32, whatever the machine."""
     import torch
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+    from vecplug.indexer import encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "TEACHER_QUERY_RECIPE", "int8")
     enc = Encoder.from_specs(str(tiny_model), query_quantize="int8", precision="bfloat16")
     model = enc.query.model
     floats = [m for m in model.modules() if type(m) is torch.nn.Linear]

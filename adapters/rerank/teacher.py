@@ -5,10 +5,10 @@ student) and searches the index. This stage re-encodes the query with the full d
 encoder, the "teacher" the student was distilled from, and rescores the candidates exactly
 against their stored vectors: the teacher's accuracy on a short list, at the cost of one
 teacher forward pass per query (no document is re-encoded). ``teacher:int8`` runs that pass
-with the teacher's weights in int8 (under torch the students' query recipe,
-``indexer.encoder.TEACHER_RERANK_RECIPE``): on a CPU without AMX 6.0 ms a reranked query
-against the float32 teacher's 21.4, at 99.4% of its reranking's X-Y mAP@20 (README "The rerank
-gate"). ``teacher:auto`` takes int8 there (float32 under torch on x86) and the float teacher
+with the teacher's weights in int8, as its own int8 queries take them (under torch
+``indexer.encoder.TEACHER_QUERY_RECIPE``: every linear int8 but the first layer's FFN
+down-projection): on a CPU without AMX ~6 ms a reranked query against the float32 teacher's
+~21, at about its reranking's quality (README "The rerank gate"). ``teacher:auto`` takes int8 there (float32 under torch on x86) and the float teacher
 elsewhere (bfloat16 with AMX, where int8 in the documents' recipe gained nothing).
 """
 from __future__ import annotations
