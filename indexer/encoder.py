@@ -526,9 +526,9 @@ def teacher_quantize_for(setting: str | None, precision: str, runtime: str) -> s
     ``runtime``. ``auto`` is ``int8`` where the float teacher would run in float32 under torch
     on x86 (a CPU without AMX): there its int8 weights (:data:`TEACHER_QUERY_RECIPE`) take a
     reranked query's teacher pass from 21.6 to 6.5 ms at 99.5% of the float teacher's
-    reranking X-Y mAP@20 (README "The rerank gate"); with AMX (bfloat16) int8 in the documents' recipe gained
-    nothing (this recipe was not measured there), and under ONNX Runtime int8 was not measured,
-    so ``auto`` keeps the document encoder as loaded there."""
+    reranking X-Y mAP@20 (README "The rerank gate"); with AMX (bfloat16) int8 in the
+    documents' recipe gained nothing (this recipe was not measured there), and under ONNX
+    Runtime int8 was not measured, so ``auto`` keeps the document encoder as loaded there."""
     if setting in (None, "none"):
         return None
     if setting == "auto":
@@ -641,10 +641,10 @@ class Encoder:
         student): the document side as loaded (``quantize`` None or ``none``), or ``int8``:
         under torch in :data:`TEACHER_QUERY_RECIPE` (FBGEMM kernels, every linear int8 but one),
         under ONNX Runtime in the documents' recipe; the teacher's own int8 queries
-        (``model.query_quantize: int8``, the same recipe) when it embeds the queries itself. Loaded on
-        first use with the teacher's vocabulary table shared with whichever side holds it. Its
-        vectors (and projection, if any) are the document side's: a query re-embedded here
-        scores against the stored documents.
+        (``model.query_quantize: int8``, the same recipe) when it embeds the queries itself.
+        Loaded on first use with the teacher's vocabulary table shared with whichever side holds
+        it. Its vectors (and projection, if any) are the document side's: a query re-embedded
+        here scores against the stored documents.
         ``auto``: :func:`teacher_quantize_for` chooses (int8 on a CPU without AMX)."""
         if teacher_quantize_for(quantize, self.precision, self.runtime) is None:
             return self.document

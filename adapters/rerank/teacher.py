@@ -8,8 +8,9 @@ teacher forward pass per query (no document is re-encoded). ``teacher:int8`` run
 with the teacher's weights in int8, as its own int8 queries take them (under torch
 ``indexer.encoder.TEACHER_QUERY_RECIPE``: every linear int8 but the first layer's FFN
 down-projection): on a CPU without AMX 6.5 ms a reranked query against the float32 teacher's
-21.6, at 99.5% of its reranking's X-Y mAP@20 (README "The rerank gate"). ``teacher:auto`` takes int8 there (float32 under torch on x86) and the float teacher
-elsewhere (bfloat16 with AMX, where int8 in the documents' recipe gained nothing).
+21.6, at 99.5% of its reranking's X-Y mAP@20 (README "The rerank gate"). ``teacher:auto``
+takes int8 there (float32 under torch on x86) and the float teacher elsewhere (bfloat16 with
+AMX, where int8 in the documents' recipe gained nothing).
 """
 from __future__ import annotations
 
