@@ -653,10 +653,10 @@ class Encoder:
         if self._teacher_int8 is None:
             with LOAD_LOCK:
                 if self._teacher_int8 is None:
-                    recipe = TEACHER_QUERY_RECIPE if self.runtime == "torch" else "int8"
                     teacher = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                           post=_pca_map(self.projection) if self.projection else None,
-                                          quantize="int8", runtime=self.runtime, int8_recipe=recipe,
+                                          quantize="int8", runtime=self.runtime,
+                                          int8_recipe=self._teacher_recipe(),
                                           trace=self.trace, precision=self.precision)
                     table = self._teacher_table()
                     if table is not None:  # quantisation leaves the table float: one copy for all
@@ -717,11 +717,9 @@ class Encoder:
         if self._same_model():
             return self.document
         if self.query_info is self.document_info:  # the document encoder, quantised otherwise
-            # int8: TEACHER_QUERY_RECIPE under torch, the documents' recipe under ONNX Runtime
-            recipe = TEACHER_QUERY_RECIPE if self.runtime == "torch" else "int8"
             query = TextEncoder(self.document_info, self.batch_tokens, self.threads,
                                 quantize=self.query_quantize, runtime=self.runtime,
-                                int8_recipe=recipe, trace=self.trace, precision=self.precision)
+                                int8_recipe=self._teacher_recipe(), trace=self.trace, precision=self.precision)
             table = self._teacher_table()
             if table is not None:  # one table for both sides (quantisation leaves it)
                 query.model.get_input_embeddings().weight = table
@@ -733,6 +731,12 @@ class Encoder:
                            post=_head_map(self.projection) if self.projection else None,
                            quantize=self.query_quantize, runtime=self.runtime,
                            int8_recipe="int8-query", trace=self.trace, precision=self.precision)
+
+    def _teacher_recipe(self) -> str:
+        """The int8 recipe of the teacher's queries (its own and a reranker's, one model):
+        :data:`TEACHER_QUERY_RECIPE` under torch, the documents' under ONNX Runtime (no other
+        was measured there)."""
+        return TEACHER_QUERY_RECIPE if self.runtime == "torch" else "int8"
 
     def _one_table(self) -> bool:
         """The two sides look tokens up in identical vocabulary tables: one model (quantised

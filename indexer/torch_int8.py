@@ -144,7 +144,8 @@ def int8_query(model: Any, peaks: dict[str, np.ndarray], alpha: float = ALPHA,
     :func:`narrowing`'s, in the model's order: layer i's)."""
     import torch
 
-    kept = {name for i, name in enumerate(narrowing(model)) if i in set(float_layers)}
+    floats = set(float_layers)
+    kept = {name for i, name in enumerate(narrowing(model)) if i in floats}
     smooth(model, peaks, alpha)
     with warnings.catch_warnings():
         # torch marks its eager-mode quantisation as deprecated in favour of torchao, which

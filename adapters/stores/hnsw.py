@@ -987,22 +987,23 @@ class HnswStore(VectorStore):
                     return None  # walked: candidates per language, rescored
                 if len(labels):
                     scanned.append((lang, labels, columns, np.asarray(means[lang], dtype=np.float32)))
+            if not scanned:
+                return [[] for _ in queries]
+            # every scanned document's label in the order their scores are joined, and where
+            # each language's scores end in that order: the same for every query of the batch
+            labels = np.concatenate([s[1] for s in scanned])
+            ends = np.cumsum([len(s[1]) for s in scanned])
             out = []
             for query in queries:
                 # one query at a time, as a search of one query scores it: a batch's hits and
                 # scores are the single searches', to the last bit
-                scores = [self._scan_scores((lang,), columns, query, mean) for lang, _, columns, mean in scanned]
-                if not scores:
-                    out.append([])
-                    continue
-                every = np.concatenate(scores)
+                every = np.concatenate([self._scan_scores((lang,), columns, query, mean)
+                                        for lang, _, columns, mean in scanned])
                 top = _top_k(every, k)
-                # (language, column) of each kept score
-                ends = np.cumsum([len(s) for s in scores])
-                part = np.searchsorted(ends, top, side="right")
-                column = top - np.concatenate([[0], ends[:-1]])[part]
-                pairs = [(int(scanned[p][1][c]), float(every[t])) for p, c, t in zip(part, column, top)]
-                kept = np.stack([scanned[p][2][:, c] for p, c in zip(part, column)]) if pairs else None
+                part = np.searchsorted(ends, top, side="right")  # each kept score's language
+                column = top - (ends - [len(s[1]) for s in scanned])[part]
+                pairs = list(zip(labels[top].tolist(), every[top].tolist()))
+                kept = np.stack([scanned[p][2][:, c] for p, c in zip(part, column)])
                 out.append(self._hits(pairs, kept))
             return out
 
