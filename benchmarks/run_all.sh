@@ -11,6 +11,7 @@
 #              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
 #              vectors, and the same searched exactly in batches (the flat store): exact_batch_synthetic.md,
 #              the store alone and with the language-bias correction: exact_batch_synthetic_{store,corrected}.md,
+#              the least any such scan can cost here, its matrix product alone: product_ceiling.md,
 #              on 150k real me5-small vectors of Tatoeba sentences: ann_scale_real.md,
 #              and on a million real ones of Debian's documentation: ann_scale_debian.md, with
 #              how near-tied their exact top 10 is, and how an exact scan of k-means lists
@@ -92,7 +93,9 @@ else
                        run_as exact_batch_synthetic_store exact_batch --work "$WORK/ann" --data synthetic \
                            --store --no-halves
                        run_as exact_batch_synthetic_corrected exact_batch --work "$WORK/ann" --data synthetic \
-                           --corrected --no-halves ;;
+                           --corrected --no-halves
+                       # the least any scan of a million can cost here: its product alone, per kind
+                       run product_ceiling ;;
             # real vectors: every distinct Tatoeba sentence encoded by me5-small (~13 min)
             ann_real) "$PYTHON" benchmarks/tatoeba_vectors.py --out "$WORK/tatoeba-me5-small.npy"
                       run_as ann_scale_real ann_scale --vectors "$WORK/tatoeba-me5-small.npy" \
@@ -133,7 +136,8 @@ else
                              else run precision_probe; fi ;;
             # with bfloat16 and int8 compiled (model.compile) beside them
             int8_documents) run int8_documents --compile ;;
-            lengths|langid|encode_speed|batch_plan|model_memory) run "$name" ;;
+            # (product_ceiling: part of ann_scale, and alone: it needs no data)
+            lengths|langid|encode_speed|batch_plan|model_memory|product_ceiling) run "$name" ;;
             *) echo "unknown benchmark '$name' (known: $ALL)" >&2; exit 2 ;;
         esac
     done
@@ -146,7 +150,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
-    reports="${reports/ann_scale /ann_scale exact_batch_synthetic exact_batch_synthetic_store exact_batch_synthetic_corrected }"
+    reports="${reports/ann_scale /ann_scale exact_batch_synthetic exact_batch_synthetic_store exact_batch_synthetic_corrected product_ceiling }"
     for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian exact_batch_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred centred_build_debian}; do
         if [[ -f "$out/$name.md" ]]; then
             echo
