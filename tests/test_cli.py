@@ -25,8 +25,8 @@ def corpus(tmp_path: Path) -> Path:
     return root
 
 
-def run(*args: str, ok: bool = True) -> str:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+def run(*args: str, ok: bool = True, input: str | None = None) -> str:
+    result = CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
     if ok:
         assert result.exit_code == 0, result.output
     else:
@@ -67,6 +67,35 @@ def test_index_search_info(corpus: Path, tiny_model: Path) -> None:
                 "store", "vecplug_version"):
         assert key in manifest
     assert manifest["store"]["name"] == "hnswlib"
+
+
+def test_search_reads_queries_from_stdin_one_a_line(corpus: Path, tiny_model: Path) -> None:
+    """``search -``: every line of standard input a query, answered in order by one process as
+    a search of it alone would be; a line that cannot be searched is named and skipped, and
+    the lines after it are still answered."""
+    run("index", str(corpus), "--model", str(tiny_model), "-q")
+    queries = ["the quick brown fox", "el agua hierve", "вода кипит"]
+    alone = [json.loads(run("search", q, "--json", "-k", "2")) for q in queries]
+    lines = ("\ufeff" + queries[0] + "\r\n\n").encode() + b"bad \xff byte\n" + queries[1].encode() \
+        + b"\n\xe2\x80\x8f\n" + queries[2].encode()  # (the last line without its newline)
+    result = CliRunner().invoke(cli, ["search", "-", "--json", "-k", "2"], input=lines, catch_exceptions=False)
+    assert result.exit_code == 1
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [a["query"] for a in answers] == queries
+    for got, want in zip(answers, alone):
+        assert [(h["id"], h["rank"]) for h in got["hits"]] == [(h["id"], h["rank"]) for h in want["hits"]]
+        assert [h["score"] for h in got["hits"]] == pytest.approx([h["score"] for h in want["hits"]], abs=1e-5)
+    assert "stdin line 3: the query holds a NUL or an undecodable byte" in result.stderr
+    assert "stdin line 5: the query is empty; skipped" in result.stderr
+    assert "2 of 5 queries skipped (stdin lines 3, 5: above)" in result.stderr
+
+    human = CliRunner().invoke(cli, ["search", "-", "-k", "1"], input="\n".join(queries) + "\n")
+    assert human.exit_code == 0, human.output
+    blocks = human.stdout.split("\n\n")
+    assert len(blocks) == 3 and [b.splitlines()[0].split("'")[1] for b in blocks] == queries
+    assert "1. 1.000 [en] en.txt" in run("search", "-", "-k", "1", input=
+                                           "the quick brown fox jumps over the lazy dog\n")
+    assert run("search", "-", input="") == ""  # no queries: nothing to say
 
 
 def test_rerun_changes_nothing_and_edits_are_picked_up(corpus: Path, tiny_model: Path) -> None:

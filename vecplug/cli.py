@@ -157,7 +157,7 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
 
 
 @cli.command("search")
-@click.argument("query")
+@click.argument("query", metavar="QUERY|-")
 @_index_options
 @click.option("-k", "k", type=int, help="Number of results [default: 10].")
 @click.option("--mode", type=click.Choice(["xy", "mono", "prefer"]),
@@ -189,7 +189,9 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
                rerank_gate: float | None, consensus: bool | None, ef: int | None,
                int8: bool | None, as_json: bool,
                **common: Any) -> None:
-    """Search the index with QUERY."""
+    """Search the index with QUERY; with - , every line of standard input is a query, answered
+    as it comes by one process (the models load once; --json then writes one JSON object a line).
+    A line that cannot be searched is reported with its number and skipped."""
     from vecplug.api import Index
 
     settings = _settings(**common, sections={
@@ -201,14 +203,50 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
         # a gate in the settings waits for a reranker; one given here would be dropped silently
         raise click.UsageError(GATE_WITHOUT_RERANKER)
     with Index.open(settings) as index:
-        result = index.search(query)
         held = index.store.languages() if settings.search.langs else {}
-    missing = [code for code in settings.search.langs if not held.get(code)]
-    if missing:  # a filter that matches nothing is most likely a typo: say what there is
-        click.echo(f"note: the index has no documents in {', '.join(missing)}; it has "
-                   f"{', '.join(sorted(c for c, n in held.items() if n)) or 'none'}", err=True)
+        missing = [code for code in settings.search.langs if not held.get(code)]
+        if missing:  # a filter that matches nothing is most likely a typo: say what there is
+            click.echo(f"note: the index has no documents in {', '.join(missing)}; it has "
+                       f"{', '.join(sorted(c for c, n in held.items() if n)) or 'none'}", err=True)
+        if query != "-":
+            _show_result(query, index.search(query), as_json)
+            return
+        answered, skipped = 0, []
+        for number, line in _stdin_lines():
+            if not line.strip():
+                continue
+            try:
+                result = index.search(line)
+            except VecplugError as exc:  # this query's problem: the next lines still count
+                click.echo(f"stdin line {number}: {exc}; skipped", err=True)
+                skipped.append(number)
+                continue
+            if answered and not as_json:
+                click.echo()
+            _show_result(line, result, as_json, lines=True)
+            answered += 1
+    if skipped:
+        raise click.ClickException(
+            f"{len(skipped)} of {answered + len(skipped)} queries skipped (stdin line"
+            f"{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped[:10]))}"
+            f"{', ...' if len(skipped) > 10 else ''}: above)")
+
+
+def _stdin_lines() -> Any:
+    """(line number, text) of standard input, read as it comes: UTF-8, an undecodable byte kept
+    as a lone surrogate (the search refuses that line and names it, instead of the whole input
+    failing), the line ending and a leading byte-order mark dropped."""
+    binary = getattr(sys.stdin, "buffer", None)  # (a text stream without one: already decoded)
+    source = iter(binary.readline, b"") if binary is not None else iter(sys.stdin.readline, "")
+    for number, raw in enumerate(source, 1):
+        text = (raw.decode("utf-8", errors="surrogateescape") if isinstance(raw, bytes) else raw).rstrip("\r\n")
+        yield number, text.removeprefix("\ufeff") if number == 1 else text
+
+
+def _show_result(query: str, result: Any, as_json: bool, lines: bool = False) -> None:
+    """One search's answer: a header and a block a hit, or JSON (one line a query with ``lines``)."""
     if as_json:
-        click.echo(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
+        click.echo(json.dumps(result.to_dict(), ensure_ascii=False, indent=None if lines else 2))
         return
     shown = query if len(query) <= 80 else query[:77] + "..."
     click.echo(f"query [{result.lang}] {shown!r}, mode {result.mode}, {len(result)} results "
