@@ -82,6 +82,7 @@ def test_search_reads_queries_from_stdin_one_a_line(corpus: Path, tiny_model: Pa
     assert result.exit_code == 1
     answers = [json.loads(line) for line in result.stdout.splitlines()]
     assert [a["query"] for a in answers] == queries
+    assert [a["line"] for a in answers] == [1, 4, 6]  # (line 2 blank, lines 3 and 5 skipped)
     for got, want in zip(answers, alone):
         assert [(h["id"], h["rank"]) for h in got["hits"]] == [(h["id"], h["rank"]) for h in want["hits"]]
         assert [h["score"] for h in got["hits"]] == pytest.approx([h["score"] for h in want["hits"]], abs=1e-5)

@@ -223,7 +223,7 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
                 continue
             if answered and not as_json:
                 click.echo()
-            _show_result(line, result, as_json, lines=True)
+            _show_result(line, result, as_json, line=number)
             answered += 1
     if skipped:
         raise click.ClickException(
@@ -243,10 +243,14 @@ def _stdin_lines() -> Any:
         yield number, text.removeprefix("\ufeff") if number == 1 else text
 
 
-def _show_result(query: str, result: Any, as_json: bool, lines: bool = False) -> None:
-    """One search's answer: a header and a block a hit, or JSON (one line a query with ``lines``)."""
+def _show_result(query: str, result: Any, as_json: bool, line: int | None = None) -> None:
+    """One search's answer: a header and a block a hit, or JSON; the answer to stdin's ``line``
+    as one JSON line that names it (lines skipped leave no answer: the number aligns them)."""
     if as_json:
-        click.echo(json.dumps(result.to_dict(), ensure_ascii=False, indent=None if lines else 2))
+        if line is None:
+            click.echo(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
+        else:
+            click.echo(json.dumps({"line": line, **result.to_dict()}, ensure_ascii=False))
         return
     shown = query if len(query) <= 80 else query[:77] + "..."
     click.echo(f"query [{result.lang}] {shown!r}, mode {result.mode}, {len(result)} results "
