@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -189,9 +189,10 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
                rerank_gate: float | None, consensus: bool | None, ef: int | None,
                int8: bool | None, as_json: bool,
                **common: Any) -> None:
-    """Search the index with QUERY; with - , every line of standard input is a query, answered
-    as it comes by one process (the models load once; --json then writes one JSON object a line).
-    A line that cannot be searched is reported with its number and skipped."""
+    """Search the index with QUERY. With QUERY -, every line of standard input is a query,
+    answered as it is read by this one process (the models load once); --json then writes one
+    JSON object a line, with its line number. A line that cannot be searched is reported with
+    its number and skipped (the exit status is then 1)."""
     from vecplug.api import Index
 
     settings = _settings(**common, sections={
@@ -232,7 +233,7 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
             f"{', ...' if len(skipped) > 10 else ''}: above)")
 
 
-def _stdin_lines() -> Any:
+def _stdin_lines() -> Iterator[tuple[int, str]]:
     """(line number, text) of standard input, read as it comes: UTF-8, an undecodable byte kept
     as a lone surrogate (the search refuses that line and names it, instead of the whole input
     failing), the line ending and a leading byte-order mark dropped."""
