@@ -47,3 +47,17 @@ def test_installed_layout(tmp_path: Path) -> None:
 def test_python_dash_m() -> None:
     out = subprocess.run([sys.executable, "-m", "vecplug", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and "vecplug, version" in out.stdout
+
+
+def test_readme_links_to_its_own_sections_resolve() -> None:
+    """Every ``](#anchor)`` of the README names one of its headings, as GitHub makes their
+    anchors (lower case, punctuation dropped, spaces to hyphens)."""
+    import re
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)  # (a shell comment is no heading)
+    headings = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#{1,6} (.+)$", prose, flags=re.M)}
+    links = re.findall(r"\]\(#([^)]+)\)", text)
+    assert len(links) >= 10 and "figures-modes-bias-correction-consensus-and-reranking-on-xquad-r" in headings
+    assert [a for a in links if a not in headings] == []
