@@ -109,6 +109,51 @@ def test_the_scan_with_offset_and_scale_finds_the_exact_top_k(lower: float) -> N
         scan.scan(Q, X, 10, offset=offset, scale=scale[:5])
 
 
+@pytest.mark.parametrize("lower", [0.0, 1.0])
+def test_the_scan_with_groups_ranks_each_row_by_its_group_s_offset(lower: float) -> None:
+    """Rows of three groups (languages), each scored ``(q.x - offset[q, group]) * scale``
+    (centred cosine with its own language's mean) and one group of rows not ranked (-1),
+    all in one pass: the exact top 10 over the ranked rows, in bfloat16 and float32; fewer
+    ranked rows than k: those only, padded."""
+    import torch
+
+    from vecplug.adapters.stores import scan
+
+    base, queries = crowded_vectors(9_000, 64, seed=6)
+    rng = np.random.default_rng(6)
+    group = np.arange(9_000) % 4 - 1  # -1, 0, 1, 2 in turn
+    means = base[:600].mean(0) + 0.05 * rng.standard_normal((3, 64)).astype(np.float32)
+    norms = np.linalg.norm(base - means[group.clip(0)], axis=1)
+    offsets = queries.astype(np.float64) @ means.T.astype(np.float64) + lower  # (queries, groups)
+    every = (queries.astype(np.float64) @ base.T - offsets[:, group.clip(0)]) / norms
+    every[:, group < 0] = -np.inf
+    ids = np.argsort(-every, axis=1, kind="stable")[:, :10]
+    scores = np.take_along_axis(every, ids, 1)
+    assert (scores < 0).all() if lower else (scores > 0).all()
+    one_mean = (queries.astype(np.float64) @ base.T - offsets[:, :1]) / norms  # group 0's offset for all
+    one_mean[:, group < 0] = -np.inf
+    assert np.mean([len(set(a) & set(b)) for a, b in
+                    zip(ids, np.argsort(-one_mean, axis=1)[:, :10])]) < 9  # the groups' offsets matter
+    Q, X = torch.from_numpy(queries), torch.from_numpy(base)
+    scale = torch.from_numpy((1 / norms).astype(np.float32))
+    bf16_slack, f32_slack = _bounds(Q, X)
+    for kw in ({"bfloat16": True, "slack": bf16_slack}, {"slack": f32_slack}):
+        for chunk in (1000, None):
+            found, found_scores, _ = scan.scan(Q, X, 10, chunk=chunk, offset=torch.from_numpy(offsets.astype(np.float32)),
+                                               scale=scale, group=torch.from_numpy(group), **kw)
+            assert [set(r) for r in found.numpy()] == [set(r) for r in ids]
+            assert np.abs(found_scores.numpy() - scores).max() < 1e-5
+    # three rows ranked of 9,000: those three, best first, then padding
+    few = np.full(9_000, -1)
+    few[[10, 500, 8_000]] = [0, 2, 1]
+    found, found_scores, _ = scan.scan(Q, X, 5, offset=torch.from_numpy(offsets.astype(np.float32)), scale=scale,
+                                       group=torch.from_numpy(few), slack=f32_slack)
+    assert all(set(r[:3]) == {10, 500, 8_000} and list(r[3:]) == [-1, -1] for r in found.numpy())
+    assert np.isinf(found_scores.numpy()[:, 3:]).all() and np.isfinite(found_scores.numpy()[:, :3]).all()
+    with pytest.raises(ValueError):
+        scan.scan(Q, X, 10, offset=torch.from_numpy(offsets.astype(np.float32)), group=torch.from_numpy(group[:5]))
+
+
 def test_without_its_slack_the_bfloat16_scan_misses() -> None:
     """The data above needs the slack: a scan without one loses true top-10 rows (what makes
     the test above a test of the bound)."""
@@ -375,16 +420,28 @@ def test_the_corrected_search_is_exact_by_centred_cosine(tmp_path: Path) -> None
         other = bias.LanguageMeans({lang: m + 0.2 * unit_vectors(1, DIM, seed=i)[0]
                                     for i, (lang, m) in enumerate(means.by_lang.items())}, means.overall)
         assert ids(bias.centred_search_batch(store, other, queries, qlangs, 10, list(langs))) == exact(other, range(6_000))
+        # (a few queries: every language's rows in one pass, its cache keyed by the means too:
+        # the scores are centred cosines with these means)
+        assert ids(bias.centred_search_batch(store, means, queries[:8], qlangs[:8], 10, list(langs))) == want[:8]
+        few = bias.centred_search_batch(store, other, queries[:8], qlangs[:8], 10, list(langs))
+        assert ids(few) == exact(other, range(6_000))[:8]
+        centred = other.centre(queries[:8], qlangs[:8])
+        for q, hits in zip(centred, few):
+            docs = [int(h.record.id[1:]) for h in hits]
+            want_scores = other.centre(base[docs], [langs[d % 3] for d in docs]) @ q
+            np.testing.assert_allclose([h.score for h in hits], want_scores, atol=1e-5)
         # a reader follows a commit that moved rows (a delete: the last row, d5999, a French
         # one, takes the deleted one's place) and left French's mean as it was
         reader = get_store_class("flat").open(str(tmp_path / "idx"), {})
         try:
-            assert ids(bias.centred_search_batch(reader, means, queries, qlangs, 10, ["fr"])) == exact(
-                means, range(6_000), ("fr",))
+            for few in (len(queries), 8):  # (8: the one pass over every row)
+                assert ids(bias.centred_search_batch(reader, means, queries[:few], qlangs[:few], 10, ["fr"])) == \
+                    exact(means, range(6_000), ("fr",))[:few]
             store.delete(["d1"])  # German
             store.commit()
-            assert ids(bias.centred_search_batch(reader, means, queries, qlangs, 10, ["fr"])) == exact(
-                means, range(6_000), ("fr",))
+            for few in (len(queries), 8):
+                assert ids(bias.centred_search_batch(reader, means, queries[:few], qlangs[:few], 10, ["fr"])) == \
+                    exact(means, range(6_000), ("fr",))[:few]
         finally:
             reader.close()
         # what the correction found before: each language's best 20 by plain cosine, rescored
@@ -392,6 +449,37 @@ def test_the_corrected_search_is_exact_by_centred_cosine(tmp_path: Path) -> None
         old = [bias.best_centred(store, means, q, store.candidates_per_language(q, 20, list(langs)), 10)
                for q in centred_queries]
         assert ids(old) != want
+    finally:
+        store.close()
+
+
+def test_a_few_queries_read_every_row_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fewer queries than the bfloat16 scan takes: the corrected search reads every row once
+    (one pass, each row by its own language's mean), not each language's rows gathered in
+    turn; a full batch scans language by language."""
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.adapters.stores import get_store_class, scan
+    from vecplug.adapters.stores.flat import FlatStore
+
+    langs = ["en", "de", "fr"]
+    base = unit_vectors(900, DIM, seed=4)
+    stats = LanguageStats(DIM)
+    stats.add([langs[i % 3] for i in range(900)], base)
+    means = {lang: stats.means().of(lang) for lang in langs}
+    calls: list[str] = []
+    for name in ("_centred_scan", "_centred_one_pass"):
+        real = getattr(FlatStore, name)
+        monkeypatch.setattr(FlatStore, name, lambda self, *a, _real=real, _name=name, **kw:
+                            calls.append(_name) or _real(self, *a, **kw))
+    store = get_store_class("flat").create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        store.upsert(_records(900), base)
+        store.commit()
+        for n in (1, scan.BF16_MIN_QUERIES - 1, scan.BF16_MIN_QUERIES):
+            calls.clear()
+            found = store.centred_search_batch(unit_vectors(n, DIM, seed=5), 5, langs, means)
+            assert len(found) == n and all(len(hits) == 5 for hits in found)
+            assert calls == (["_centred_one_pass"] if n < scan.BF16_MIN_QUERIES else ["_centred_scan"])
     finally:
         store.close()
 

@@ -132,7 +132,7 @@ def padded(rows: Any, values: Any, groups: int, fill: float, width: int = 1) -> 
 def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bool = False,
          slack: Any = 0.0, chunk: int | None = None, count: int | None = None,
          select: Any | None = None, offset: Any | None = None,
-         scale: Any | None = None) -> tuple[Any, Any, dict[str, float]]:
+         scale: Any | None = None, group: Any | None = None) -> tuple[Any, Any, dict[str, float]]:
     """Exact top ``k`` of every row of ``queries`` (a float32 tensor) among the first ``count``
     (default: all) of ``rows``, or among the rows ``select`` (an int64 tensor of row numbers:
     gathered a step at a time, no copy of them all): (ids ``(B, k)``: row numbers of ``rows``,
@@ -150,7 +150,12 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
     order scanned: ``select``'s, or the rows'), the score ranked is ``(q . x - offset) * scale``
     instead of ``q . x`` (the language-bias correction's centred cosine of a language's rows:
     ``q.(x - m) / |x - m|``). A step's floor is then taken at the step's loosest scale, so the
-    scan is exact still, and reads little more when the rows come in order of their scale."""
+    scan is exact still, and reads little more when the rows come in order of their scale.
+    With ``group`` too (one int per row scanned, in the order scanned), ``offset`` has a column
+    per group (``(B, groups)``) and a row's score takes its group's: ``(q . x - offset[q,
+    group]) * scale``; a row of group -1 is not ranked. (Several languages' rows scanned in one
+    pass, each by centred cosine with its own mean: the floors are then taken at a query's
+    lowest offset, still exact.)"""
     import torch
 
     approximate = rows.dtype == torch.bfloat16 or bfloat16
@@ -170,7 +175,20 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         return (torch.empty((B, 0), dtype=torch.int64), torch.empty((B, 0)), {"candidates": 0.0, "read_share": 0.0})
     # the most an approximate product (before its rounding to bfloat16) is off
     error = torch.as_tensor(slack, dtype=torch.float32).expand(B)
-    shift_by = torch.zeros(B) if offset is None else torch.as_tensor(offset, dtype=torch.float32).reshape(B)
+    group = None if group is None else torch.as_tensor(group, dtype=torch.int64)
+    shifts = None  # with groups: each query's offset per group
+    if group is None:
+        shift_by = torch.zeros(B) if offset is None else torch.as_tensor(offset, dtype=torch.float32).reshape(B)
+    else:
+        if offset is None or len(group) != n:
+            raise ValueError(f"scan got {len(group)} groups for {n} rows" if offset is not None
+                             else "scan's groups need an offset per query and group")
+        shifts = torch.as_tensor(offset, dtype=torch.float32).reshape(B, -1)
+        # a floor holds for every group at the lowest of a query's offsets (a product must
+        # reach shift + limit / scale to score the limit: the lowest shift asks the least)
+        shift_by = shifts.min(dim=1).values
+        # a row of no group (-1) reads group 0's offset, and is dropped by ``bounds``
+        ranked, group = group >= 0, group.clamp_min(0)
     scale = None if scale is None else torch.as_tensor(scale, dtype=torch.float32)
     if scale is not None and len(scale) != n:
         raise ValueError(f"scan got {len(scale)} scales for {n} rows")
@@ -201,11 +219,15 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         """Lower and upper bounds of the scores of queries ``at`` and columns ``cols`` (row
         numbers in the order scanned) whose products came out as ``products``, ``margin`` the
         most their rounding to bfloat16 moved them."""
-        low = products - margin - error[at] - shift_by[at]
-        high = products + margin + error[at] - shift_by[at]
-        if scale is None:
-            return low, high
-        return low * scale[cols], high * scale[cols]
+        shift = shift_by[at] if shifts is None else shifts[at, group[cols]]
+        low = products - margin - error[at] - shift
+        high = products + margin + error[at] - shift
+        if scale is not None:
+            low, high = low * scale[cols], high * scale[cols]
+        if shifts is not None:  # rows of no group: below every floor
+            out = ~ranked[cols]
+            low, high = low.masked_fill(out, -torch.inf), high.masked_fill(out, -torch.inf)
+        return low, high
 
     # each query's best k lower bounds of scores so far: the k-th is a lower bound of its k-th
     # best score, and a row whose upper bound falls below it is no candidate
@@ -273,6 +295,8 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         best[hit] = torch.cat([best[hit], table], 1).topk(k, dim=1).values
         # what the raised floor no longer admits goes now
         keep = high >= torch.maximum(best[hit, -1], start[hit])[r]
+        if shifts is not None:  # (a floor of -inf, fewer than k rows ranked, admits -inf)
+            keep &= ranked[c + a]
         rows_found.append(hit[r[keep]])
         cols_found.append(c[keep] + a)
         values_found.append(high[keep])
@@ -286,11 +310,12 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
     order = torch.argsort(found, stable=True)  # query by query
     found, cols = found[order], cols[order]
     scales = None if scale is None else scale[cols]
+    offsets = shift_by[found] if shifts is None else shifts[found, group[cols]]
     if select is not None:
         cols = select[cols]
     exact = torch.cat([(queries[found[i:i + RESCORE]].float() * _rows(rows, lo, cols[i:i + RESCORE])).sum(1)
                        for i in range(0, len(found), RESCORE)]) if len(found) else torch.empty(0)
-    exact = exact - shift_by[found]
+    exact = exact - offsets
     if scales is not None:
         exact = exact * scales
     table, slot = padded(found, exact, B, -torch.inf, width=k)
