@@ -208,7 +208,8 @@ class FlatStore(HnswStore):
         """Each row's exact best ``k`` over ``langs`` by centred cosine (see the base class):
         each language's best by :meth:`centred_candidates_per_language`'s scan, merged query by
         query as (row, score) pairs, and only the hits kept read, their records once for the
-        batch. A million rows' batch of 1,000 queries in six languages would otherwise hold
+        batch (fewer queries than ``scan.BF16_MIN_QUERIES``: one pass over every row instead,
+        :meth:`_centred_one_pass`). A million rows' batch of 1,000 queries in six languages would otherwise hold
         60,000 candidates with their vectors, 90 MB, to keep 10,000 (the batch's peak at a
         million rows: 2,059 MB at commit ba7dc85, 1,968 at 0fe8740 with this method,
         ``benchmarks/results/exact_batch_synthetic_corrected.md``)."""
@@ -219,8 +220,8 @@ class FlatStore(HnswStore):
             if len(vectors) < scan.BF16_MIN_QUERIES:
                 # a few queries, multiplied in float32: reading the rows is the cost, so every
                 # language's are read once, in place, instead of gathered language by language
-                # (one query at a million rows in six languages: 382 ms gathered, README "Read
-                # as throughput")
+                # (one query at a million rows in six languages: 382 -> 166 ms, batches of 10
+                # 73 -> 31 ms a query; README "Read as throughput")
                 return self._centred_one_pass(vectors, k, langs, means)
             scanned = self._centred_scan(vectors, k, langs, means)
             if not scanned:  # no query, no row of those languages, or no index yet
