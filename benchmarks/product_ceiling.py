@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             del q, x
             gc.collect()
     return {"benchmark": "product_ceiling", "machine": machine_info(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_flags": cpu_flags(), "rows": args.rows, "dim": args.dim,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_flags": cpu_flags(),
+            "rows": args.rows, "dim": args.dim,
             "repeats": args.repeats, "runs": runs, "skipped": skipped}
 
 
@@ -161,7 +162,8 @@ def best(r: dict[str, Any]) -> list[dict[str, Any]]:
 def render(r: dict[str, Any]) -> str:
     out = [header_markdown("The matrix product alone: the least an exact scan can cost", r["machine"]), "",
            f"torch's CPU capability: {r['cpu_capability']}; the CPU's flags for products: "
-           f"{', '.join(r['cpu_flags']) or 'none of avx512f, VNNI, BF16, AMX'}. {r['rows']:,} rows of {r['dim']}-d against a batch "
+           f"{', '.join(r['cpu_flags']) or 'none of avx512f, VNNI, BF16, AMX'}. "
+           f"{r['rows']:,} rows of {r['dim']}-d against a batch "
            f"of queries, a step of columns at a time; the median of {r['repeats']} passes, timed in turn "
            "with the other settings. Milliseconds per query: one pass over every row divided by the batch.", "",
            "**Each kind at its fastest step**", "",

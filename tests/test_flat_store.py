@@ -136,22 +136,23 @@ def test_the_scan_with_groups_ranks_each_row_by_its_group_s_offset(lower: float)
                     zip(ids, np.argsort(-one_mean, axis=1)[:, :10])]) < 9  # the groups' offsets matter
     Q, X = torch.from_numpy(queries), torch.from_numpy(base)
     scale = torch.from_numpy((1 / norms).astype(np.float32))
+    offset = torch.from_numpy(offsets.astype(np.float32))
     bf16_slack, f32_slack = _bounds(Q, X)
     for kw in ({"bfloat16": True, "slack": bf16_slack}, {"slack": f32_slack}):
         for chunk in (1000, None):
-            found, found_scores, _ = scan.scan(Q, X, 10, chunk=chunk, offset=torch.from_numpy(offsets.astype(np.float32)),
-                                               scale=scale, group=torch.from_numpy(group), **kw)
+            found, found_scores, _ = scan.scan(Q, X, 10, chunk=chunk, offset=offset, scale=scale,
+                                               group=torch.from_numpy(group), **kw)
             assert [set(r) for r in found.numpy()] == [set(r) for r in ids]
             assert np.abs(found_scores.numpy() - scores).max() < 1e-5
     # three rows ranked of 9,000: those three, best first, then padding
     few = np.full(9_000, -1)
     few[[10, 500, 8_000]] = [0, 2, 1]
-    found, found_scores, _ = scan.scan(Q, X, 5, offset=torch.from_numpy(offsets.astype(np.float32)), scale=scale,
-                                       group=torch.from_numpy(few), slack=f32_slack)
+    found, found_scores, _ = scan.scan(Q, X, 5, offset=offset, scale=scale, group=torch.from_numpy(few),
+                                       slack=f32_slack)
     assert all(set(r[:3]) == {10, 500, 8_000} and list(r[3:]) == [-1, -1] for r in found.numpy())
     assert np.isinf(found_scores.numpy()[:, 3:]).all() and np.isfinite(found_scores.numpy()[:, :3]).all()
     with pytest.raises(ValueError):
-        scan.scan(Q, X, 10, offset=torch.from_numpy(offsets.astype(np.float32)), group=torch.from_numpy(group[:5]))
+        scan.scan(Q, X, 10, offset=offset, group=torch.from_numpy(group[:5]))
 
 
 def test_without_its_slack_the_bfloat16_scan_misses() -> None:

@@ -209,10 +209,10 @@ class FlatStore(HnswStore):
         each language's best by :meth:`centred_candidates_per_language`'s scan, merged query by
         query as (row, score) pairs, and only the hits kept read, their records once for the
         batch (fewer queries than ``scan.BF16_MIN_QUERIES``: one pass over every row instead,
-        :meth:`_centred_one_pass`). A million rows' batch of 1,000 queries in six languages would otherwise hold
-        60,000 candidates with their vectors, 90 MB, to keep 10,000 (the batch's peak at a
-        million rows: 2,059 MB at commit ba7dc85, 1,968 at 0fe8740 with this method,
-        ``benchmarks/results/exact_batch_synthetic_corrected.md``)."""
+        :meth:`_centred_one_pass`). A million rows' batch of 1,000 queries in six languages
+        would otherwise hold 60,000 candidates with their vectors, 90 MB, to keep 10,000 (the
+        batch's peak at a million rows: 2,059 MB at commit ba7dc85, 1,968 at 0fe8740 with this
+        method, ``benchmarks/results/exact_batch_synthetic_corrected.md``)."""
         vectors = _batch(vectors)
         if self._centred:
             return None
