@@ -178,9 +178,7 @@ class FlatStore(HnswStore):
             select = self._current_rows(self._filter_for(tuple(sorted(set(langs))))[1]) if langs else None
             if select is not None and not len(select):
                 return [[] for _ in vectors]
-            labels = self._index.labels
-            return self._hits_batch([list(zip(labels[rows].tolist(), scores.tolist()))
-                                     for rows, scores in self._scan(queries, k, select)])
+            return self._scan_hits(queries, k, select)
 
     def centred_candidates_per_language(self, vectors: np.ndarray, k: int, langs: Sequence[str],
                                         means: Mapping[str, np.ndarray]) -> list[list[Candidate]] | None:
@@ -246,30 +244,27 @@ class FlatStore(HnswStore):
         if queries is None or k <= 0:
             return [[] for _ in vectors]
         langs = list(dict.fromkeys(langs))
-        group, scale = self._row_groups(langs, means)
+        of_langs = np.stack([np.asarray(means[lang], dtype=np.float32) for lang in langs])
+        group, scale = self._row_groups(langs, of_langs)
         if not len(group):
             return [[] for _ in vectors]
-        offsets = queries @ np.stack([np.asarray(means[lang], dtype=np.float32) for lang in langs]).T
-        labels = self._index.labels
-        return self._hits_batch([list(zip(labels[rows].tolist(), scores.tolist())) for rows, scores in
-                                 self._scan(queries, k, offset=offsets, scale=scale, group=group)])
+        return self._scan_hits(queries, k, offset=queries @ of_langs.T, scale=scale, group=group)
 
-    def _row_groups(self, langs: list[str], means: Mapping[str, np.ndarray]) -> tuple[Any, Any]:
+    def _row_groups(self, langs: list[str], means: np.ndarray) -> tuple[Any, Any]:
         """For every row of the index: its language's place in ``langs`` (-1 for the rows of
         other languages) and its centring scale ``1 / |x - mean|`` (:meth:`_centring`'s), as
-        tensors; empty when no row is of ``langs``. Kept until the index or a mean changes.
-        Under the mutex."""
+        tensors; empty when no row is of ``langs``. ``means``: one row per language of
+        ``langs``. Kept until the index or a mean changes. Under the mutex."""
         import torch
 
-        key = (self._index.version, tuple(langs), b"".join(np.asarray(means[lang], dtype=np.float32).tobytes()
-                                                          for lang in langs))
+        key = (self._index.version, tuple(langs), means.tobytes())
         if self._groups is not None and self._groups[0] == key:
             return self._groups[1], self._groups[2]
         count = self._index.get_current_count()
         group = np.full(count, -1, dtype=np.int64)
         scale = np.zeros(count, dtype=np.float32)
         for i, lang in enumerate(langs):
-            rows, scales = self._centring(lang, np.asarray(means[lang], dtype=np.float32))
+            rows, scales = self._centring(lang, means[i])
             group[rows], scale[rows] = i, scales.numpy()
         ranked = group >= 0
         if not ranked.any():
@@ -355,6 +350,14 @@ class FlatStore(HnswStore):
                 keep = r_ids >= 0
                 found.append((r_ids[keep], r_scores[keep]))
         return found
+
+    def _scan_hits(self, queries: np.ndarray, k: int, select: np.ndarray | None = None,
+                   **scores: Any) -> list[list[StoreHit]]:
+        """:meth:`_scan`'s rows as hits (``scores``: its ``offset``, ``scale`` and ``group``).
+        Under the mutex."""
+        labels = self._index.labels
+        return self._hits_batch([list(zip(labels[rows].tolist(), found.tolist()))
+                                 for rows, found in self._scan(queries, k, select, **scores)])
 
     def _hits_batch(self, found: list[list[tuple[int, float]]]) -> list[list[StoreHit]]:
         """Hits (with their vectors) of many queries' (label, score) lists: the records read

@@ -993,6 +993,7 @@ class HnswStore(VectorStore):
             # each language's scores end in that order: the same for every query of the batch
             labels = np.concatenate([s[1] for s in scanned])
             ends = np.cumsum([len(s[1]) for s in scanned])
+            starts = ends - [len(s[1]) for s in scanned]
             out = []
             for query in queries:
                 # one query at a time, as a search of one query scores it: a batch's hits and
@@ -1001,7 +1002,7 @@ class HnswStore(VectorStore):
                                         for lang, _, columns, mean in scanned])
                 top = _top_k(every, k)
                 part = np.searchsorted(ends, top, side="right")  # each kept score's language
-                column = top - (ends - [len(s[1]) for s in scanned])[part]
+                column = top - starts[part]
                 pairs = list(zip(labels[top].tolist(), every[top].tolist()))
                 kept = np.stack([scanned[p][2][:, c] for p, c in zip(part, column)])
                 out.append(self._hits(pairs, kept))
