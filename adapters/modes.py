@@ -22,7 +22,7 @@ import numpy as np
 from vecplug.adapters.bias import UND, LanguageMeans, centred_search, centred_search_batch, rescore
 from vecplug.adapters.consensus import Consensus
 from vecplug.adapters.stores.base import StoreHit, search, search_batch
-from vecplug.errors import ConfigError
+from vecplug.errors import ConfigError, QueryError
 
 MODES = {
     "xy": "cross-lingual: search every language",
@@ -43,7 +43,7 @@ def target_languages(mode: str, query_lang: str | None,
     """Languages a query may be answered in under ``mode`` (None: all)."""
     if mode == "mono":
         if not _known(query_lang):
-            raise ConfigError("mono mode needs the query's language and it could not be detected; "
+            raise QueryError("mono mode needs the query's language and it could not be detected; "
                               "give it with --lang")
         return [query_lang]
     if mode in MODES:

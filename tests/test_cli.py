@@ -98,6 +98,19 @@ def test_search_reads_queries_from_stdin_one_a_line(corpus: Path, tiny_model: Pa
                                            "the quick brown fox jumps over the lazy dog\n")
     assert run("search", "-", input="") == ""  # no queries: nothing to say
 
+    # an error that is no line's own (here a reranker that cannot load) stops the run once,
+    # as it stops a single query, instead of skipping every line with it
+    broken = CliRunner().invoke(cli, ["search", "-", "--rerank", "cross-encoder:/nonexistent/reranker"],
+                                input="\n".join(queries) + "\n")
+    assert broken.exit_code == 1 and broken.stdout == ""
+    assert broken.stderr.count("/nonexistent/reranker") == 1 and "skipped" not in broken.stderr
+    # a mono query of no detectable language is that line's: skipped, the others answered
+    mono = CliRunner().invoke(cli, ["search", "-", "--mode", "mono", "--json", "-k", "1"],
+                              input=queries[0] + "\n12345 67890\n" + queries[1] + "\n")
+    assert mono.exit_code == 1
+    assert [json.loads(line)["line"] for line in mono.stdout.splitlines()] == [1, 3]
+    assert "stdin line 2: mono mode needs the query's language" in mono.stderr
+
 
 def test_rerun_changes_nothing_and_edits_are_picked_up(corpus: Path, tiny_model: Path) -> None:
     run("index", str(corpus), "--model", str(tiny_model), "-q")

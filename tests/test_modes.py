@@ -11,7 +11,7 @@ import vecplug
 from vecplug.adapters.bias import SHRINK, LanguageStats
 from vecplug.adapters.modes import apply_preference, first_stage, target_languages
 from vecplug.adapters.stores import Record, StoreHit, get_store_class
-from vecplug.errors import ConfigError
+from vecplug.errors import ConfigError, QueryError
 from vecplug.indexer import pipeline
 
 DIM = 8
@@ -53,7 +53,7 @@ def test_target_languages() -> None:
     assert target_languages("xy", "en") is None
     assert target_languages("xy", "en", ["de", "fr"]) == ["de", "fr"]
     assert target_languages("mono", "en", ["de"]) == ["en"]
-    with pytest.raises(ConfigError, match="--lang"):
+    with pytest.raises(QueryError, match="--lang"):
         target_languages("mono", "und")
     with pytest.raises(ConfigError, match="unknown mode"):
         target_languages("zz", "en")

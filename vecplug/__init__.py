@@ -16,6 +16,7 @@ from vecplug.errors import (
     MissingDependencyError,
     ModelError,
     ModelMismatchError,
+    QueryError,
     StorageError,
     UnknownBackendError,
     VecplugError,

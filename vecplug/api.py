@@ -22,7 +22,7 @@ from typing import Any
 from vecplug._version import __version__
 from vecplug.config import DEFAULT_COLLECTION, MAX_COUNT, Settings, load_settings, normalise_langs
 from vecplug.config import rerank_gate as check_gate
-from vecplug.errors import ConfigError, IndexNotFoundError, ModelMismatchError, VecplugError
+from vecplug.errors import ConfigError, IndexNotFoundError, ModelMismatchError, QueryError, VecplugError
 from vecplug.indexer.pipeline import IndexReport
 from vecplug.types import Document, Hit, lang_code
 
@@ -602,11 +602,11 @@ class Index:
         Unset arguments come from the settings (and ``debias`` from the index).
         """
         if not isinstance(query, str):
-            raise VecplugError(f"the query must be a string, not {type(query).__name__}")
+            raise QueryError(f"the query must be a string, not {type(query).__name__}")
         if _blank(query):
-            raise VecplugError("the query is empty")
+            raise QueryError("the query is empty")
         if _undecodable(query):
-            raise VecplugError("the query holds a NUL or an undecodable byte (not UTF-8?)")
+            raise QueryError("the query holds a NUL or an undecodable byte (not UTF-8?)")
         return self.search_batch([query], k, mode=mode, langs=[lang], target_langs=langs,
                                  rerank=rerank, rerank_depth=rerank_depth, debias=debias, ef=ef,
                                  consensus=consensus, rerank_gate=rerank_gate)[0]
@@ -640,13 +640,13 @@ class Index:
                  enumerate(langs if langs is not None else [None] * len(queries))]
         other = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
         if other is not None:
-            raise VecplugError(f"query {other} must be a string, not {type(queries[other]).__name__}")
+            raise QueryError(f"query {other} must be a string, not {type(queries[other]).__name__}")
         empty = next((i for i, q in enumerate(queries) if _blank(q)), None)
         if empty is not None:
-            raise VecplugError(f"query {empty} is empty")
+            raise QueryError(f"query {empty} is empty")
         bad = next((i for i, q in enumerate(queries) if _undecodable(q)), None)
         if bad is not None:
-            raise VecplugError(f"query {bad} holds a NUL or an undecodable byte (not UTF-8?)")
+            raise QueryError(f"query {bad} holds a NUL or an undecodable byte (not UTF-8?)")
         mode = mode or s.mode
         if mode not in modes.MODES:
             raise VecplugError(f"unknown mode '{mode}'; modes: {', '.join(modes.MODES)}")
@@ -689,7 +689,7 @@ class Index:
         vectors = encoder.encode_queries(list(queries), progress=progress)
         bad = ~(np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6))
         if bad.any():
-            raise VecplugError("the query encoder gave a non-finite or zero vector for "
+            raise QueryError("the query encoder gave a non-finite or zero vector for "
                                f"{queries[int(np.argmax(bad))]!r}")
         # with a reranker, consensus regroups the reranker's list instead of the first stage's
         first_group = group if reranker is None else None

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from vecplug._version import __version__
-from vecplug.errors import VecplugError
+from vecplug.errors import QueryError, VecplugError
 
 
 #: a --rerank-gate given without a reranker (search and eval refuse it alike)
@@ -218,7 +218,9 @@ def search_cmd(query: str, k: int | None, mode: str | None, lang: str | None, la
                 continue
             try:
                 result = index.search(line)
-            except VecplugError as exc:  # this query's problem: the next lines still count
+            except QueryError as exc:  # this query's problem: the next lines still count
+                # (any other error, a reranker that cannot load, a store that cannot be read,
+                # would be every line's: it stops the run, once, as for one query)
                 click.echo(f"stdin line {number}: {exc}; skipped", err=True)
                 skipped.append(number)
                 continue

@@ -47,5 +47,12 @@ class IndexLockedError(StorageError):
     same output)."""
 
 
+class QueryError(VecplugError):
+    """One query cannot be searched: it is not text, empty, holds an undecodable byte, has no
+    language for ``mono`` to keep to, or its encoder gave no usable vector. The other queries
+    of a batch or a stream are not at fault (``vecplug search -`` skips the line and goes on;
+    every other error stops it)."""
+
+
 class ModelError(VecplugError):
     """A model cannot be resolved, built or loaded."""
