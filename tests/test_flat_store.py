@@ -153,6 +153,16 @@ def test_the_scan_with_groups_ranks_each_row_by_its_group_s_offset(lower: float)
     assert np.isinf(found_scores.numpy()[:, 3:]).all() and np.isfinite(found_scores.numpy()[:, :3]).all()
     with pytest.raises(ValueError):
         scan.scan(Q, X, 10, offset=offset, group=torch.from_numpy(group[:5]))
+    # the ranked rows all in the last step: the steps before have no row to rank, and no
+    # query reads them (a floor of -inf, before k ranked rows are seen, admits no row of no group)
+    last = np.full(9_000, -1)
+    last[8_000:] = group[8_000:]
+    want = every.copy()
+    want[:, :8_000] = -np.inf
+    found, found_scores, stats = scan.scan(Q, X, 10, chunk=1000, offset=offset, scale=scale,
+                                           group=torch.from_numpy(last), slack=f32_slack)
+    assert [set(r) for r in found.numpy()] == [set(r) for r in np.argsort(-want, axis=1)[:, :10]]
+    assert stats["read_share"] <= 1 / 9 + 1e-9
 
 
 def test_without_its_slack_the_bfloat16_scan_misses() -> None:
@@ -481,6 +491,17 @@ def test_a_few_queries_read_every_row_once(tmp_path: Path, monkeypatch: pytest.M
             found = store.centred_search_batch(unit_vectors(n, DIM, seed=5), 5, langs, means)
             assert len(found) == n and all(len(hits) == 5 for hits in found)
             assert calls == (["_centred_one_pass"] if n < scan.BF16_MIN_QUERIES else ["_centred_scan"])
+        # languages holding less than half of the rows: theirs gathered, not every row read;
+        # at half or more, one pass; none asked: nothing, by either path
+        for asked, path in ((["fr"], "_centred_scan"), (["en", "de"], "_centred_one_pass"),
+                            (["fr", "fr"], "_centred_scan")):
+            calls.clear()
+            found = store.centred_search_batch(unit_vectors(2, DIM, seed=6), 5, asked, means)
+            assert calls == [path] and all(len(hits) == 5 for hits in found)
+            assert all(h.record.lang in asked for hits in found for h in hits)
+        for n in (1, scan.BF16_MIN_QUERIES):
+            assert store.centred_search_batch(unit_vectors(n, DIM, seed=7), 5, [], means) == [[]] * n
+            assert store._centred_one_pass(unit_vectors(n, DIM, seed=7), 5, [], means) == [[]] * n
     finally:
         store.close()
 

@@ -268,12 +268,23 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
             S = torch.addmm(-shift[:, None], q, X.T)
             gap = floor - shift.float()
             limit = (gap - _ulp(gap)).clamp_min(0).to(torch.bfloat16)
-            hit = (S.view(torch.int16).amax(1) >= limit.view(torch.int16)).nonzero().squeeze(1)
         else:
             shift = None
             S = q @ X.T
             limit = floor.to(S.dtype)
+            if shifts is not None:  # (a floor of -inf must not admit the rows masked out below)
+                limit = limit.clamp_min(torch.finfo(S.dtype).min)
+        if shifts is not None:
+            out = ~ranked[a:a + len(X)]
+            if bool(out.any()):
+                # rows of no group are never candidates, whatever the floor: until a query has
+                # seen k ranked rows its floor is -inf, which would admit every row of a step
+                # (a language asked whose rows come late in the index: B x chunk candidates)
+                S.masked_fill_(out[None, :], -torch.inf)
+        if shift is None:
             hit = (S.amax(1) >= limit).nonzero().squeeze(1)
+        else:
+            hit = (S.view(torch.int16).amax(1) >= limit.view(torch.int16)).nonzero().squeeze(1)
         if not len(hit):
             continue
         read += len(hit)
@@ -295,8 +306,6 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
         best[hit] = torch.cat([best[hit], table], 1).topk(k, dim=1).values
         # what the raised floor no longer admits goes now
         keep = high >= torch.maximum(best[hit, -1], start[hit])[r]
-        if shifts is not None:  # (a floor of -inf, fewer than k rows ranked, admits -inf)
-            keep &= ranked[c + a]
         rows_found.append(hit[r[keep]])
         cols_found.append(c[keep] + a)
         values_found.append(high[keep])
