@@ -214,6 +214,17 @@ def _timing(args: argparse.Namespace, texts: Sequence[str], student_model: dict[
     every query sent on, the teacher alone; interleaved query by query."""
     import torch
 
+    threads = torch.get_num_threads()
+    try:
+        return _timed(args, texts, student_model, teacher_model)
+    finally:  # (a caller in the same process, a test, keeps its threads)
+        torch.set_num_threads(threads)
+
+
+def _timed(args: argparse.Namespace, texts: Sequence[str], student_model: dict[str, Any],
+           teacher_model: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
     from vecplug.api import Index, settings_for
 
     torch.set_num_threads(1)

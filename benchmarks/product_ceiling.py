@@ -112,6 +112,16 @@ def cpu_flags() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return _run(args)
+    finally:  # (a caller in the same process, a test, keeps its threads)
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     import gc
 
     import torch

@@ -104,10 +104,14 @@ def test_a_run_on_xquad_r_with_a_tiny_student(bench: ModuleType, tiny_model: Pat
     reaching the reranked quality, the shares needed rising with the target."""
     if not XQUAD.is_dir():
         pytest.skip("XQuAD-R data not available")
+    import torch
+
     out = tmp_path / "gb.json"
+    threads = torch.get_num_threads()
     assert bench.main(["--index", str(tmp_path / "index"), "--model", str(tiny_model), "--student",
                        str(tiny_student), "--reranker", "teacher", "--langs", "en", "de", "--limit", "40",
                        "--queries", "5", "--json", str(out)]) == 0
+    assert torch.get_num_threads() == threads  # the timing's one thread not left behind
     r = json.loads(out.read_text(encoding="utf-8"))
     assert r["queries"] == 80 and r["documents"] > 1000
     m = r["map@20"]

@@ -32,10 +32,14 @@ def test_each_kind_multiplies_what_it_says(bench: ModuleType, kind: str) -> None
 
 
 def test_a_run_reports_every_setting(bench: ModuleType, tmp_path: Path) -> None:
+    import torch
+
     out = tmp_path / "out.json"
+    threads = torch.get_num_threads()
     assert bench.main(["--rows", "5000", "--dim", "32", "--batches", "4", "16", "--chunks", "512", "2048",
                        "--threads", "1", "--repeats", "3", "--kinds", "float32", "int8",
                        "--json", str(out)]) == 0
+    assert torch.get_num_threads() == threads  # (its one thread not left to the tests after it)
     r = json.loads(out.read_text())
     kinds = [k for k in ("float32", "int8") if k not in r["skipped"]]
     assert kinds and r["rows"] == 5000 and r["dim"] == 32

@@ -509,3 +509,15 @@ def test_verify_names_records_without_vectors(corpus: Path, tiny_model: Path) ->
         store.close()
     out = run("verify", "--sample", "10", ok=False)
     assert "document ghost: its record has no vector in the index" in out
+
+
+def test_a_title_on_several_lines_is_shown_on_its_hit_s_line(tmp_path: Path, tiny_model: Path) -> None:
+    """Each hit is one line and its snippet: a title's line breaks are shown as spaces (a block
+    a hit is what readers of the output, such as ``make demo``, count on)."""
+    root = tmp_path / "titled"
+    root.mkdir()
+    (root / "a.jsonl").write_text(json.dumps({"id": "t1", "title": "two\nlines\r\n title",
+                                              "text": "the quick brown fox", "lang": "en"}) + "\n")
+    run("index", str(root), "--model", str(tiny_model), "-q")
+    out = run("search", "the quick brown fox", "-k", "1").splitlines()
+    assert len(out) == 3 and out[1].endswith("a.jsonl — two lines title")

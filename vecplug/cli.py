@@ -262,7 +262,8 @@ def _show_result(query: str, result: Any, as_json: bool, line: int | None = None
         click.echo(f"note: no documents in the query's language ({result.lang}); give it with "
                    "--lang if it was misdetected", err=True)
     for hit in result:
-        title = hit.payload.get("title")
+        # one line a hit, then its snippet: a title's own line breaks would split the block
+        title = " ".join(str(hit.payload.get("title") or "").split())
         snippet = " ".join(hit.text.split())
         snippet = snippet[:160] + ("…" if len(snippet) > 160 else "")
         click.echo(f"{hit.rank:>3}. {hit.score:.3f} [{hit.lang or 'und'}] {hit.source}"
