@@ -831,3 +831,65 @@ def test_payloads_json_cannot_carry_are_reported_and_a_torn_run_stops_the_handle
     assert verify_index(settings).ok
     with vecplug.open_index(settings=settings) as index:
         assert index.store.count() == 10
+
+
+def test_writes_from_threads_through_one_index_take_turns(tmp_path: Path, tiny_model: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads sharing one Index may all write: the writes take turns (each takes the last
+    commit's language statistics and commits its own, so two at once dropped each other's
+    documents from them), and the statistics committed are those of every document held."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vecplug.adapters.bias import LanguageStats
+    from vecplug.indexer import pipeline
+
+    running, overlaps = [0], []
+    real_run, real_remove = pipeline.run, pipeline.remove
+    guard = threading.Lock()
+
+    def watched(real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with guard:
+                running[0] += 1
+                overlaps.append(running[0])
+            time.sleep(0.02)  # room for another thread to come in, were it let
+            try:
+                return real(*args, **kwargs)
+            finally:
+                with guard:
+                    running[0] -= 1
+        return call
+
+    monkeypatch.setattr(pipeline, "run", watched(real_run))
+    monkeypatch.setattr(pipeline, "remove", watched(real_remove))
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    langs = ["en", "de", "es", "ru"]
+    texts = ["water boils", "der braune fuchs", "el agua hierve", "вода кипит", "the lazy dog"]
+    with vecplug.create_index(settings=settings) as index:
+        def write(t: int) -> None:
+            for j in range(3):
+                index.add_documents([Document(f"t{t}-{j}-{i}", f"{texts[i % 5]} {t} {j} {i}", "api", i,
+                                              langs[(i + t) % 4]) for i in range(12)])
+                index.delete_documents([f"t{t}-{j}-0"])
+
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(write, range(3)))
+    assert overlaps and max(overlaps) == 1  # one write at a time
+    with vecplug.open_index(str(tmp_path / "idx")) as index:
+        committed, held = LanguageStats.from_manifest(index.manifest), LanguageStats.fit(index.store)
+        assert index.store.count() == 3 * 3 * 11 == sum(committed.counts.values())
+        assert dict(committed.counts) == dict(held.counts)
+        for lang in held.counts:
+            np.testing.assert_allclose(committed.means().of(lang), held.means().of(lang), atol=1e-5)
+
+
+def test_every_error_class_is_exported() -> None:
+    from vecplug import errors
+
+    classes = {name for name, c in vars(errors).items()
+               if isinstance(c, type) and issubclass(c, errors.VecplugError)}
+    assert "QueryError" in classes and classes <= set(vecplug.__all__)
+    assert all(getattr(vecplug, name) is getattr(errors, name) for name in classes)

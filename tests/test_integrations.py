@@ -80,6 +80,34 @@ def test_langchain(tiny_model: Path, tiny_student: Path) -> None:
         np.testing.assert_allclose(again.embed_query("water"), original.embed_query("water"), atol=1e-6)
 
 
+def test_a_copy_of_langchain_embeddings_pickles_with_its_index(tmp_path: Path, tiny_model: Path,
+                                                              tiny_student: Path) -> None:
+    """A deep copy keeps what the original was made from: pickled (worker processes), it loads
+    the index's models with the index's prefixes, as the original would, not the bare models."""
+    pytest.importorskip("langchain_core")
+    import copy
+    import pickle
+
+    import vecplug
+    from vecplug.adapters.integrations import load_integration
+
+    settings = vecplug.load_settings(overrides={
+        "index": {"path": str(tmp_path / "idx")},
+        "model": {"document": str(tiny_model), "query": str(tiny_student),
+                  "document_prefix": "passage: ", "query_prefix": "query: "}})
+    with vecplug.create_index(settings=settings) as index:
+        index.add_documents([vecplug.Document("d", DOCS[0], "api")])
+        stored = index.store.vectors(["d"])[0]
+    emb = load_integration("langchain")(index=str(tmp_path / "idx"))
+    for made in (emb, copy.deepcopy(emb)):
+        again = pickle.loads(pickle.dumps(made))
+        np.testing.assert_allclose(again.embed_documents([DOCS[0]])[0], emb.embed_documents([DOCS[0]])[0], atol=1e-6)
+        np.testing.assert_allclose(again.embed_query("water"), emb.embed_query("water"), atol=1e-6)
+    bare = load_integration("langchain")(document=str(tiny_model), query=str(tiny_student))
+    assert np.abs(np.array(bare.embed_documents([DOCS[0]])[0]) - emb.embed_documents([DOCS[0]])[0]).max() > 1e-3
+    np.testing.assert_allclose(emb.embed_documents([DOCS[0]])[0], stored, atol=1e-5)  # the index's space
+
+
 def test_llamaindex(tiny_model: Path, tiny_student: Path) -> None:
     pytest.importorskip("llama_index.core")
     from llama_index.core import Document, VectorStoreIndex

@@ -38,7 +38,8 @@ _LAZY = {
 
 __all__ = [
     "__version__", "ConfigError", "CorruptIndexError", "IndexLockedError", "IndexNotFoundError",
-    "MissingDependencyError", "ModelError", "ModelMismatchError", "StorageError", "UnknownBackendError",
+    "MissingDependencyError", "ModelError", "ModelMismatchError", "QueryError", "StorageError",
+    "UnknownBackendError",
     "VecplugError", "Document", "Hit", "Problem", *_LAZY,
 ]
 

@@ -13,6 +13,7 @@ import dataclasses
 import datetime as _dt
 import operator
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -174,6 +175,10 @@ class Index:
         self._rerankers: dict[str, Any] = {}
         #: a run stopped in the middle of a batch's writes: this handle writes no more
         self._torn = False
+        #: one write at a time through this handle: each takes the language statistics of the
+        #: last commit and commits its own, so two at once would drop each other's documents
+        #: from them (the records stay; the correction's means and counts would not)
+        self._writing = threading.RLock()
         self.report: IndexReport | None = None
 
     # -- opening -----------------------------------------------------------
@@ -357,13 +362,15 @@ class Index:
             raise VecplugError(f"ids[{other}] is {type(ids[other]).__name__}, not a string")
         from vecplug.indexer.pipeline import remove, stamped
 
-        try:
-            records = self.store.get(list(dict.fromkeys(ids)))
-            if records:
-                remove(self.store, records, self.language_stats)
-                self.store.commit(stamped({"vecplug_version": __version__}, self.language_stats))
-        finally:
-            self._stats = self._means = None
+        with self._writing:
+            try:
+                records = self.store.get(list(dict.fromkeys(ids)))
+                if records:
+                    stats = self.language_stats
+                    remove(self.store, records, stats)
+                    self.store.commit(stamped({"vecplug_version": __version__}, stats))
+            finally:
+                self._stats = self._means = None
         return len(records)
 
     def _check_whole(self) -> None:
@@ -384,18 +391,19 @@ class Index:
 
         self._check_whole()
         encoder = self.encoder
-        try:
-            return pipeline.run(
-                documents, encoder, self.store, Record.from_document, self.detector.detect,
-                lang=lang or self.settings.corpus.lang,
-                manifest={"vecplug_version": __version__, **(manifest or {})},
-                progress=progress, count_tokens=lambda: encoder.document.tokens_seen,
-                stats=self.language_stats, prune=prune, keep_sources=keep_sources, owns=owns,
-                may_own=may_own, on_torn=self._tear)
-        finally:
-            # a run commits what it finished, even when it fails: the statistics are re-read
-            # from the commit when next needed
-            self._stats = self._means = None
+        with self._writing:
+            try:
+                return pipeline.run(
+                    documents, encoder, self.store, Record.from_document, self.detector.detect,
+                    lang=lang or self.settings.corpus.lang,
+                    manifest={"vecplug_version": __version__, **(manifest or {})},
+                    progress=progress, count_tokens=lambda: encoder.document.tokens_seen,
+                    stats=self.language_stats, prune=prune, keep_sources=keep_sources, owns=owns,
+                    may_own=may_own, on_torn=self._tear)
+            finally:
+                # a run commits what it finished, even when it fails: the statistics are re-read
+                # from the commit when next needed
+                self._stats = self._means = None
 
     def index_path(self, path: str | Path, *, lang: str | None = None,
                    progress: bool = False) -> IndexReport:
@@ -418,6 +426,10 @@ class Index:
         :meth:`add_documents` are left alone by folder runs unless their source names a file of
         the first folder (a relative path ending in .txt, .md, .jsonl or .csv).
         """
+        with self._writing:  # (its renames too: one write at a time, as in _add)
+            return self._index_path(path, lang=lang, progress=progress)
+
+    def _index_path(self, path: str | Path, *, lang: str | None, progress: bool) -> IndexReport:
         from dataclasses import replace
         from itertools import chain
 

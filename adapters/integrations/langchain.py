@@ -36,8 +36,12 @@ class VecplugEmbeddings(Embeddings):
         self._specs = {"index": index, "document": document, "query": query}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "VecplugEmbeddings":
-        # the models are read-only once loaded (and hold locks, which cannot be copied)
-        return type(self)(encoder=self.encoder)
+        # the models are read-only once loaded (and hold locks, which cannot be copied); the
+        # specs go along, so that the copy pickles as the original does (an index's prefixes,
+        # lengths and quantisation with it)
+        copy = type(self).__new__(type(self))
+        copy.encoder, copy._specs = self.encoder, dict(self._specs)
+        return copy
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _reloaded, (type(self), self._specs)
