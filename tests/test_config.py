@@ -39,6 +39,42 @@ def test_a_store_named_above_a_server_url_wins(tmp_path: Path) -> None:
     assert _store_target(s)[1] == "http://h:1"  # qdrant at that server
     s = load_settings(overrides={"index": {"url": "http://h:1"}}, environ={"VECPLUG_INDEX_STORE": "hnswlib"})
     assert _store_target(s)[1] == "http://h:1"  # the URL is the higher layer
+    for store in ("hnswlib", "flat"):
+        # a URL above a folder's store named below: the server, whichever folder store it was
+        cfg.write_text(f"index: {{store: {store}}}\n")
+        for env in ({"VECPLUG_CONFIG": str(cfg)}, {"VECPLUG_INDEX_STORE": store}):
+            s = load_settings(overrides={"index": {"url": "http://h:1"}}, environ=env)
+            assert _store_target(s)[0].name == "qdrant" and _store_target(s)[1] == "http://h:1"
+        # both in one layer: which was meant cannot be told
+        with pytest.raises(ConfigError, match=f"index.url names a Qdrant server and index.store '{store}'"):
+            load_settings(overrides={"index": {"url": "http://h:1", "store": store}}, environ={})
+        with pytest.raises(ConfigError, match="give one of them"):
+            load_settings(environ={"VECPLUG_INDEX_URL": "http://h:1", "VECPLUG_INDEX_STORE": store})
+
+
+def test_yaml_that_is_not_what_it_seems_is_refused(tmp_path: Path) -> None:
+    """Text that YAML reads as a boolean or a number where a setting is text, a key given
+    twice, a file that is not UTF-8: each refused with where it is, not taken silently."""
+    cfg = tmp_path / "c.yaml"
+    for text, error in (
+            ("index: {collection: 0123}\n", r"index.collection: expected a string, got the int 83 .*quote it"),
+            ("index: {url: 'http://h:1', api_key: 0x1F}\n", r"index.api_key: expected a string, got the int 31"),
+            ("search: {rerank: off}\n", r"search.rerank: expected a string, got the bool False"),
+            ("model: {query_prefix: no}\n", r"model.query_prefix: expected a string, got the bool False"),
+            ("corpus: {embed_fields: [title, null]}\n", r"corpus.embed_fields\[1\]: expected a string, got null"),
+            ("corpus: {embed_fields: [[a]]}\n", r"corpus.embed_fields\[0\]: expected a string, got \['a'\]"),
+            ("search: {k: 1}\nindex: {path: idx}\nsearch: {mode: xy}\n", r"c.yaml:3: 'search' is given twice"),
+            ("search: {k: 1, k: 2}\n", r"c.yaml:1: 'k' is given twice")):
+        cfg.write_text(text)
+        with pytest.raises(ConfigError, match=error):
+            load_settings(cfg, environ={})
+    cfg.write_text("search: {k: 3, langs: [de, 'no'], lang: no}\ncorpus: {embed_fields: [title, text]}\n")
+    s = load_settings(cfg, environ={})  # what is text stays so (and Norwegian is still Norwegian)
+    assert s.search.k == 3 and s.search.langs == ("de", "no") and s.search.lang == "no"
+    assert s.corpus.embed_fields == ("title", "text")
+    cfg.write_bytes(b"search: {k: 3}\n\xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2: not UTF-8 text \(byte 0xff\); save the config as UTF-8"):
+        load_settings(cfg, environ={})
 
 
 def test_unknown_keys_rejected(tmp_path: Path) -> None:

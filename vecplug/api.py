@@ -66,7 +66,9 @@ def _store_target(settings: Settings, name: str | None = None) -> tuple[type, st
     from vecplug.adapters.stores import get_store_class
 
     ix = settings.index
-    name = name or ("qdrant" if ix.url and ix.store == "hnswlib" else ix.store)
+    # a URL means a Qdrant server, over a folder's store named by a layer below it (the
+    # settings drop the URL when a layer above names one)
+    name = name or ("qdrant" if ix.url and ix.store in ("hnswlib", "flat") else ix.store)
     cls = get_store_class(name)
     if name in ("hnswlib", "flat", "qdrant") and not ix.url and ix.collection != DEFAULT_COLLECTION:
         # ignored, two corpora given two collections would merge into the folder's one index

@@ -323,7 +323,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return tuple(str(v) for v in value)
+        for i, v in enumerate(value):
+            if not isinstance(v, str):  # str() made null "None" and [a] "['a']"
+                raise ConfigError(f"{where}[{i}]: expected a string, got {_not_text(v)}")
+        return tuple(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -342,14 +345,24 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected {what}, got {value!r}") from None
     if tp is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        if isinstance(value, (dict, list, bool, int, float)):
+            raise ConfigError(f"{where}: expected a string, got {_not_text(value)}")
         if value is None or not str(value).strip():
             # str(None) made an index folder named "None"; "" one in the current folder
             raise ConfigError(f"{where}: expected a string, got {'null' if value is None else repr(value)} "
                               "(leave the key out for its default)")
         return str(value)
     return value
+
+
+def _not_text(value: Any) -> str:
+    """How a value that should have been text reads, with the reason when YAML made it so."""
+    if isinstance(value, (bool, int, float)):
+        # str() turned a YAML boolean or number into text no one wrote: "False" for "no" or
+        # "off", "83" for "0123", "31" for "0x1F"
+        return (f"the {type(value).__name__} {value!r} (YAML reads unquoted yes/no/on/off and "
+                "numbers such as 0123 or 0x1F so): quote it")
+    return "null" if value is None else repr(value)
 
 
 def _lang_codes(value: Any, where: str, file_codes: bool = False) -> Any:
@@ -406,6 +419,27 @@ def _apply(base: Any, values: Mapping[str, Any], where: str) -> Any:
     return dataclasses.replace(base, **changes)
 
 
+def _unique_keys(node: Any, path: str | Path) -> None:
+    """Refuse a mapping that gives a key twice (YAML would keep the last silently: a second
+    ``search:`` section dropped the first's settings)."""
+    import yaml
+
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in seen:
+                        raise ConfigError(f"{path}:{key.start_mark.line + 1}: '{key.value}' is given "
+                                          "twice in the same mapping; give it once")
+                    seen.add((key.tag, key.value))
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     import yaml
 
@@ -413,7 +447,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:  # (e.g. saved as UTF-16)
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+                          "save the config as UTF-8") from None
     try:
+        _unique_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
         data = yaml.safe_load(text)  # never yaml.load: a config must not run code
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
@@ -465,7 +504,12 @@ def load_settings(config_file: str | Path | None = None,
                 continue
             if not isinstance(values, Mapping):
                 raise ConfigError(f"{where}: section '{section}' must be a mapping")
-            if section == "index" and "url" not in values and str(values.get("store", "")).strip() in ("hnswlib", "flat"):
+            folder_store = str(values.get("store", "")).strip() if section == "index" else ""
+            if folder_store in ("hnswlib", "flat"):
+                if values.get("url") is not None and str(values["url"]).strip():
+                    # one layer can't say both (the store was dropped without a word)
+                    raise ConfigError(f"{where}: index.url names a Qdrant server and index.store "
+                                      f"'{folder_store}' an index folder: give one of them")
                 # a URL means a Qdrant server: a layer above that names a folder's store overrides it
                 values = {**values, "url": None}
             current = getattr(settings, section)
