@@ -893,3 +893,19 @@ def test_every_error_class_is_exported() -> None:
                if isinstance(c, type) and issubclass(c, errors.VecplugError)}
     assert "QueryError" in classes and classes <= set(vecplug.__all__)
     assert all(getattr(vecplug, name) is getattr(errors, name) for name in classes)
+
+
+def test_a_mono_query_of_no_language_finds_nothing_in_a_batch(tmp_path: Path, tiny_model: Path) -> None:
+    """In a batch, a ``mono`` query whose language is unknown gets no answers and the others
+    theirs; alone, it is refused with what to do (QueryError: ``search -`` skips its line)."""
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(settings=settings) as index:
+        index.add_documents([Document("a", "water boils", "api", lang="en"),
+                             Document("b", "el agua hierve", "api", lang="es")])
+        for rerank in ("none", "teacher"):
+            found = index.search_batch(["water boils", "xyz", "el agua"], k=2, mode="mono",
+                                       langs=["en", "und", "es"], rerank=rerank)
+            assert [[h.id for h in r.hits] for r in found] == [["a"], [], ["b"]]
+        with pytest.raises(vecplug.QueryError, match="give it with --lang"):
+            index.search("xyz", mode="mono", lang="und")

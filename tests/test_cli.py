@@ -521,3 +521,21 @@ def test_a_title_on_several_lines_is_shown_on_its_hit_s_line(tmp_path: Path, tin
     run("index", str(root), "--model", str(tiny_model), "-q")
     out = run("search", "the quick brown fox", "-k", "1").splitlines()
     assert len(out) == 3 and out[1].endswith("a.jsonl — two lines title")
+
+
+def test_an_index_whose_model_is_gone_says_so(corpus: Path, tiny_model: Path, tmp_path: Path) -> None:
+    """The document encoder's folder moved after indexing: ``verify`` still runs and reports its
+    other checks, and names the re-encoding as what failed; ``search`` says the missing model is
+    the index's own."""
+    import shutil
+
+    model = tmp_path / "moved-later"
+    shutil.copytree(tiny_model, model)
+    run("index", str(corpus), "--model", str(model), "-q")
+    shutil.rmtree(model)
+    out = run("verify", ok=False)
+    assert "files: the hnswlib store's full check" in out and "ids and counts: 4 documents" in out
+    assert f"re-encoding: model '{model}'" in out and "--no-encode runs the other checks alone" in out
+    assert "no problems found" in run("verify", "--no-encode")
+    err = run("search", "fox", ok=False)
+    assert f"was built with {model}: put the model back there" in err

@@ -23,7 +23,7 @@ from typing import Any
 from vecplug._version import __version__
 from vecplug.config import DEFAULT_COLLECTION, MAX_COUNT, Settings, load_settings, normalise_langs
 from vecplug.config import rerank_gate as check_gate
-from vecplug.errors import ConfigError, IndexNotFoundError, ModelMismatchError, QueryError, VecplugError
+from vecplug.errors import ConfigError, IndexNotFoundError, ModelError, ModelMismatchError, QueryError, VecplugError
 from vecplug.indexer.pipeline import IndexReport
 from vecplug.types import Document, Hit, lang_code
 
@@ -302,14 +302,25 @@ class Index:
                 given[key] = built[key]
         recorded = {k: built[k] for k in ("query_max_length", "document_max_length")
                     if isinstance(built.get(k), int)}
-        encoder = Encoder.from_specs(
-            document, query, batch_tokens=m.batch_tokens, threads=m.threads,
-            query_quantize=m.query_quantize,
-            document_quantize=m.document_quantize or built.get("document_quantize"),
-            runtime=m.runtime or built.get("runtime") or "torch",
-            document_int8_version=built_int8_version(built), recorded_lengths=recorded, trace=m.trace,
-            precision=m.precision, compile=m.compile,
-            **{k: v for k, v in given.items() if v is not None})
+        try:
+            encoder = Encoder.from_specs(
+                document, query, batch_tokens=m.batch_tokens, threads=m.threads,
+                query_quantize=m.query_quantize,
+                document_quantize=m.document_quantize or built.get("document_quantize"),
+                runtime=m.runtime or built.get("runtime") or "torch",
+                document_int8_version=built_int8_version(built), recorded_lengths=recorded, trace=m.trace,
+                precision=m.precision, compile=m.compile,
+                **{k: v for k, v in given.items() if v is not None})
+        except ModelError as exc:
+            recorded_specs = list(dict.fromkeys(
+                spec for what, spec, own in (("document", document, m.document), ("query", query, m.query))
+                if spec and not own and spec == built.get(f"{what}_encoder")))
+            if not recorded_specs:
+                raise
+            # a model moved or deleted after indexing: say that it is the index's own
+            raise ModelError(f"{exc} (the index at {self.location or self.settings.index.path} was built "
+                             f"with {' and '.join(recorded_specs)}: put the model back there, "
+                             "or give it with --model / --query-encoder)") from None
         if built:
             from vecplug.indexer.encoder import max_tokens
 
@@ -756,11 +767,10 @@ class Index:
                      target: list[str] | None, means: Any, ef: int | None, group: Any,
                      single: bool) -> list[Any]:
         from vecplug.adapters import modes
-        from vecplug.errors import ConfigError
 
         try:
             return modes.first_stage(self.store, vector, query_lang, mode, depth, target, means, ef, group)
-        except ConfigError:
+        except QueryError:
             if single:
                 raise
             return []  # in a batch, a mono query of unknown language finds nothing

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vecplug.config import Settings
-from vecplug.errors import ConfigError, VecplugError
+from vecplug.errors import ConfigError, ModelError, VecplugError
 
 #: a re-encoded document must be this close (cosine) to its stored vector; batching and
 #: padding move fp32 results a little, a different model or text moves them far
@@ -60,7 +60,10 @@ def verify_index(settings: Settings, sample: int = 32, encode: bool = True) -> V
             if encode and ids and sample == 0:
                 report.checks.append("re-encoding: skipped (a sample of 0 documents)")
             elif encode and ids:
-                _reencode_check(index, ids, sample, report)
+                try:
+                    _reencode_check(index, ids, sample, report)
+                except ModelError as exc:  # the other checks' findings still stand
+                    report.problems.append(f"re-encoding: {exc}; --no-encode runs the other checks alone")
     return report
 
 
