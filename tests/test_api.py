@@ -909,3 +909,30 @@ def test_a_mono_query_of_no_language_finds_nothing_in_a_batch(tmp_path: Path, ti
             assert [[h.id for h in r.hits] for r in found] == [["a"], [], ["b"]]
         with pytest.raises(vecplug.QueryError, match="give it with --lang"):
             index.search("xyz", mode="mono", lang="und")
+
+
+@pytest.mark.parametrize("store", ["hnswlib", "flat", "qdrant"])
+def test_a_language_of_one_text_scores_zero_with_the_correction(tmp_path: Path, tiny_model: Path,
+                                                                store: str) -> None:
+    """A language whose documents are all one text is its own mean: with the language-bias
+    correction its documents have no direction left and score 0 whatever the query, by every
+    path (the store's scan gave +-15,000: float rounding divided by a distance of ~1e-8)."""
+    settings = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx"), "store": store},
+                                                "model": {"document": str(tiny_model)}})
+    with vecplug.create_index(settings=settings) as index:
+        index.add_documents([Document("a", "water boils", "api", lang="en"),
+                             Document("b", "water boils", "api", lang="en")])
+        assert index.debias_for(None)
+        for query in ("water", "the quick fox", "wasser"):
+            result = index.search(query, lang="en")
+            assert sorted(h.id for h in result) == ["a", "b"]
+            assert [h.score for h in result] == [0.0, 0.0]  # (or -0.0)
+            assert [h.score for h in index.search(query, lang="en", consensus=True)] == [0.0, 0.0]
+            assert index.score_ids(result.vector, ["a", "b"], "en").tolist() == [0.0, 0.0]
+            found = index.search_batch([query] * 70, mode="xy", langs=["en"] * 70)  # (the batch path)
+            assert all([h.score for h in r] == [0.0, 0.0] for r in found)
+        # another language beside it: its documents rank by their centred cosines as ever
+        index.add_documents([Document("c", "el agua hierve", "api", lang="es"),
+                             Document("d", "der hund", "api", lang="es")])
+        scores = {h.id: h.score for h in index.search("agua", lang="es")}
+        assert scores["a"] == scores["b"] and abs(scores["c"]) > 1e-3 and max(map(abs, scores.values())) <= 1.0

@@ -37,6 +37,14 @@ ANCHOR_SETTLED = 1024
 SHRINK = 16.0
 
 
+#: a unit vector closer than this to the point it is centred by has no direction left (float32
+#: rounding, ~1e-7, is all there is: a language of one document, or of one text repeated, is
+#: its own mean): its centred form is zero, its centred cosine with anything 0. Re-normalised,
+#: that rounding gave any direction, and a store's scan, which multiplies ``q.x - q.m`` by
+#: ``1 / |x - m|``, scores of +-15,000
+MIN_DISTANCE = 1e-4
+
+
 def unit_rows(X: np.ndarray) -> np.ndarray:
     """Rows of ``X`` as float32 unit vectors (a zero row stays zero)."""
     X = np.asarray(X, dtype=np.float32)
@@ -44,15 +52,20 @@ def unit_rows(X: np.ndarray) -> np.ndarray:
 
 
 def inverse_distances(X: np.ndarray, point: np.ndarray) -> np.ndarray:
-    """``1 / |x - point|`` for each row ``x`` of ``X`` (float32; at least 1e-12 apart, as
-    :func:`unit_rows` divides): what centring by ``point`` re-normalises each row by."""
+    """``1 / |x - point|`` for each row ``x`` of ``X`` (float32), 0 for a row within
+    :data:`MIN_DISTANCE` of it (as :func:`centre` gives it no direction): what centring by
+    ``point`` re-normalises each row by."""
     X = np.asarray(X, dtype=np.float32)
-    return (1.0 / np.maximum(np.linalg.norm(X - point, axis=1), 1e-12)).astype(np.float32)
+    d = np.linalg.norm(X - point, axis=1)
+    return np.where(d >= MIN_DISTANCE, 1.0 / np.maximum(d, MIN_DISTANCE), 0.0).astype(np.float32)
 
 
 def centre(X: np.ndarray, anchors: np.ndarray) -> np.ndarray:
-    """Rows of ``X`` minus their anchors (row by row), re-normalised."""
-    return unit_rows(np.asarray(X, dtype=np.float32) - anchors)
+    """Rows of ``X`` minus their anchors (row by row), re-normalised; zero for a row within
+    :data:`MIN_DISTANCE` of its anchor."""
+    Y = np.asarray(X, dtype=np.float32) - anchors
+    n = np.linalg.norm(Y, axis=1, keepdims=True)
+    return np.where(n >= MIN_DISTANCE, Y / np.maximum(n, MIN_DISTANCE), 0.0).astype(np.float32)
 
 
 def uncentre(C: np.ndarray, anchors: np.ndarray) -> np.ndarray:

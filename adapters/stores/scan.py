@@ -257,7 +257,10 @@ def scan(queries: Any, rows: Any, k: int, *, lo: Any | None = None, bfloat16: bo
             floor = shift_by - error + limit_score
         else:
             part = scale[a:a + len(X)]
-            floor = shift_by - error + limit_score / torch.where(limit_score >= 0, part.max(), part.min())
+            reach = limit_score / torch.where(limit_score >= 0, part.max(), part.min())
+            # 0 / 0: a limit of 0 and a step whose rows all have scale 0 (rows at their mean,
+            # ``centring.MIN_DISTANCE``), each scoring 0: every one of them can tie the limit
+            floor = shift_by - error + torch.nan_to_num(reach, nan=-torch.inf)
         if approximate and bool(torch.isfinite(floor).all()):
             # the product less a shift just below each query's floor, added inside the product
             # (before its rounding to bfloat16): the scores that matter are then near zero,
