@@ -196,6 +196,8 @@ def test_search_arguments_are_checked_as_the_settings_are(corpus: Path, tiny_mod
             with pytest.raises(vecplug.ConfigError, match=f"{name} must be at least 1"):
                 index.search_batch(["fox", "agua"], k=2, **kwargs)
         assert [h.rank for h in index.search("fox", k=2, ef=1, rerank_depth=1)] == [1, 2]  # k over ef: fine
+        with pytest.raises(vecplug.ConfigError, match="ef must be an integer, not float"):
+            index.search("fox", k=2, ef=10.5)  # (as k and rerank_depth are)
     assert "rerank_depth must be at least 1" in run("search", "fox", "--rerank-depth", "0", ok=False)
 
 

@@ -50,6 +50,15 @@ def test_a_store_named_above_a_server_url_wins(tmp_path: Path) -> None:
             load_settings(overrides={"index": {"url": "http://h:1", "store": store}}, environ={})
         with pytest.raises(ConfigError, match="give one of them"):
             load_settings(environ={"VECPLUG_INDEX_URL": "http://h:1", "VECPLUG_INDEX_STORE": store})
+    # a folder named above a URL (--index DIR, open_index(path)) is that folder
+    cfg.write_text("index: {url: 'http://127.0.0.1:9'}\n")
+    for env in ({"VECPLUG_CONFIG": str(cfg)}, {"VECPLUG_INDEX_URL": "http://127.0.0.1:9"}):
+        s = load_settings(overrides={"index": {"path": "mine"}}, environ=env)
+        assert s.index.url is None and _store_target(s)[0].name == "hnswlib" and _store_target(s)[1] == "mine"
+    s = load_settings(cfg, environ={"VECPLUG_INDEX_PATH": "mine"})
+    assert s.index.url is None and _store_target(s)[1] == "mine"
+    s = load_settings(overrides={"index": {"path": "mine", "url": "http://h:1"}}, environ={})
+    assert _store_target(s)[1] == "http://h:1"  # both in one layer: the server
 
 
 def test_yaml_that_is_not_what_it_seems_is_refused(tmp_path: Path) -> None:

@@ -679,7 +679,7 @@ class Index:
         target = list(normalise_langs(target_langs if target_langs is not None else s.langs)) or None
         debias = self.debias_for(debias)
         # "is None", not "or": 0 is a value to refuse, as the settings refuse it, not "unset"
-        ef = s.ef if ef is None else ef
+        ef = s.ef if ef is None else _integer("ef", ef)
         if ef is not None and ef < 1:
             raise ConfigError(f"ef must be at least 1, not {ef}")
         rerank_depth = _integer("rerank_depth", s.rerank_depth if rerank_depth is None else rerank_depth)

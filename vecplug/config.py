@@ -512,6 +512,9 @@ def load_settings(config_file: str | Path | None = None,
                                       f"'{folder_store}' an index folder: give one of them")
                 # a URL means a Qdrant server: a layer above that names a folder's store overrides it
                 values = {**values, "url": None}
+            elif section == "index" and "url" not in values and values.get("path") is not None:
+                # ... and so does one that names a folder (--index DIR over VECPLUG_INDEX_URL)
+                values = {**values, "url": None}
             current = getattr(settings, section)
             settings = dataclasses.replace(settings, **{section: _apply(current, values, f"{where}: {section}")})
     return settings.validate()
