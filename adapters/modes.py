@@ -44,7 +44,7 @@ def target_languages(mode: str, query_lang: str | None,
     if mode == "mono":
         if not _known(query_lang):
             raise QueryError("mono mode needs the query's language and it could not be detected; "
-                              "give it with --lang")
+                             "give it with --lang")
         return [query_lang]
     if mode in MODES:
         return list(langs) if langs else None

@@ -715,7 +715,7 @@ class Index:
         bad = ~(np.isfinite(vectors).all(axis=1) & (np.linalg.norm(vectors, axis=1) > 1e-6))
         if bad.any():
             raise QueryError("the query encoder gave a non-finite or zero vector for "
-                               f"{queries[int(np.argmax(bad))]!r}")
+                             f"{queries[int(np.argmax(bad))]!r}")
         # with a reranker, consensus regroups the reranker's list instead of the first stage's
         first_group = group if reranker is None else None
         # with a gate, every query first gets the search it would get without a reranker
