@@ -274,10 +274,13 @@ def triplet_loss(anchors: torch.Tensor, positives: torch.Tensor, negatives: torc
           loss); 0 when none violates, so easy triplets do not dilute the gradient.
         * ``hard``: per anchor the hardest negative (smallest d(a, n)); mean over anchors.
         * ``semi_hard``: per anchor the closest negative that is farther than the positive but
-          inside the margin (d(a,p) < d(a,n) < d(a,p) + margin); when an anchor has none, its
-          hardest negative is used (the fallback this project chose; FaceNet defines no
-          fallback, and TensorFlow Addons' ``triplet_semihard_loss`` falls back to the
-          farthest negative instead). Mean over anchors.
+          inside the margin (d(a,p) < d(a,n) < d(a,p) + margin: FaceNet's semi-hard
+          negatives); when an anchor has none, its hardest negative is used (the fallback this
+          project chose: FaceNet defines none). TensorFlow Addons' ``triplet_semihard_loss``
+          differs: it takes the closest negative farther than the positive with no upper bound
+          (a loss of 0 when that one lies beyond the margin, where this falls back to the
+          hardest), and the farthest negative only when none is farther than the positive.
+          Mean over anchors.
 
     Anchors without any candidate negative (a batch of one, every row of one label) are
     left out of the mean; if no anchor has one, the loss is 0.

@@ -166,7 +166,8 @@ def test_triplet_strategies_l1(strategy: str, expected: float) -> None:
 
 def test_triplet_semi_hard_falls_back_to_the_hardest_negative() -> None:
     # row 0 keeps its semi-hard (1, .2) -> .3; row 1 has only a hard (1) and an easy (9)
-    # negative: the fallback is the hardest, loss 1.5 (the farthest would give 0)
+    # negative: the fallback is the hardest, loss 1.5 (TensorFlow Addons would take the easy
+    # one, farther than the positive though beyond the margin: loss 0)
     neg = t([[[1.0, 0.2]], [[10.0, -1.0]]])
     got = L.triplet_loss(t(TA), t(TP), neg, strategy="semi_hard", distance="l1", margin=0.5)
     assert got.item() == pytest.approx((0.3 + 1.5) / 2, abs=1e-5)
