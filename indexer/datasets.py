@@ -223,15 +223,30 @@ class XQuADR:
 
     def to_eval_dataset(self, name: str = "xquad-r") -> EvalDataset:
         """The pooled retrieval task: every sentence is a document (id ``lang:para:index``),
-        every question a query (id ``lang:qid``: question ids are shared across languages)."""
+        every question a query (id ``lang:qid``: question ids are shared across languages).
+        Languages as the index stores codes (a file ``EN.json`` or ``pt-BR.json`` holds "en",
+        "pt"), so that what the scores compare (a hit's language, a query's) is spelt alike."""
+        from vecplug.types import lang_code
+
+        def code(lang: str) -> str:
+            try:
+                return lang_code(lang) or lang
+            except ValueError as exc:
+                raise DatasetError(f"XQuAD-R file {lang}.json: its name is not a language code ({exc})") from None
+
+        codes = {lang: code(lang) for lang in self.langs}
+        same = [f for f in self.langs if list(codes.values()).count(codes[f]) > 1]
+        if same:  # (en.json and en_GB.json: one language twice, which the scores could not tell apart)
+            raise DatasetError(f"XQuAD-R files {', '.join(f + '.json' for f in same)} hold one language, "
+                               f"{codes[same[0]]}: give one of them (--langs)")
         documents = [Document(id=s.doc_id, text=s.text, source=f"xquad-r/{s.lang}", position=s.index,
-                              lang=s.lang) for s in self.sentences()]
+                              lang=codes[s.lang]) for s in self.sentences()]
         queries: list[EvalQuery] = []
         qrels: dict[str, dict[str, int]] = {}
         mono: dict[str, dict[str, int]] = {}
         for q in self.questions():
             key = f"{q.lang}:{q.qid}"
-            queries.append(EvalQuery(key, q.text, q.lang))
+            queries.append(EvalQuery(key, q.text, codes[q.lang]))
             qrels[key] = {rid: 1 for rid in self.relevant[q.qid].values()}
             mono[key] = {self.relevant[q.qid][q.lang]: 1}
         return EvalDataset(name, documents, queries, qrels, mono,

@@ -45,11 +45,10 @@ def test_a_store_named_above_a_server_url_wins(tmp_path: Path) -> None:
         for env in ({"VECPLUG_CONFIG": str(cfg)}, {"VECPLUG_INDEX_STORE": store}):
             s = load_settings(overrides={"index": {"url": "http://h:1"}}, environ=env)
             assert _store_target(s)[0].name == "qdrant" and _store_target(s)[1] == "http://h:1"
-        # both in one layer: which was meant cannot be told
-        with pytest.raises(ConfigError, match=f"index.url names a Qdrant server and index.store '{store}'"):
-            load_settings(overrides={"index": {"url": "http://h:1", "store": store}}, environ={})
-        with pytest.raises(ConfigError, match="give one of them"):
-            load_settings(environ={"VECPLUG_INDEX_URL": "http://h:1", "VECPLUG_INDEX_STORE": store})
+        # both in one layer: the server (for flat too: its URL was dropped, and the folder written)
+        for s in (load_settings(overrides={"index": {"url": "http://h:1", "store": store}}, environ={}),
+                  load_settings(environ={"VECPLUG_INDEX_URL": "http://h:1", "VECPLUG_INDEX_STORE": store})):
+            assert _store_target(s)[0].name == "qdrant" and _store_target(s)[1] == "http://h:1"
     # a folder named above a URL (--index DIR, open_index(path)) is that folder
     cfg.write_text("index: {url: 'http://127.0.0.1:9'}\n")
     for env in ({"VECPLUG_CONFIG": str(cfg)}, {"VECPLUG_INDEX_URL": "http://127.0.0.1:9"}):

@@ -145,6 +145,15 @@ def test_xquad_r_loader(tmp_path: Path) -> None:
     # a language given twice is pooled once (its sentences and questions were counted twice)
     twice = load_xquad_r_dataset(folder, ["en", "de", "en"])
     assert len(twice.documents) == 6 + 5 and len(twice.queries) == len(ds.queries)
+    # files named otherwise than the codes the index keeps: their languages spelt as it spells
+    # them (a hit's language and the query's are compared), the ids as the files name them
+    odd = load_xquad_r_dataset(write_xquad(tmp_path / "odd", langs=("EN", "deu", "pt-BR")))
+    assert {d.lang for d in odd.documents} == {q.lang for q in odd.queries} == {"en", "de", "pt"}
+    assert {d.id.split(":")[0] for d in odd.documents} == {"EN", "deu", "pt-BR"}
+    with pytest.raises(DatasetError, match=r"XQuAD-R file xx1.json: its name is not a language code"):
+        load_xquad_r_dataset(write_xquad(tmp_path / "bad", langs=("en", "xx1")))
+    with pytest.raises(DatasetError, match=r"XQuAD-R files en.json, en_GB.json hold one language, en"):
+        load_xquad_r_dataset(write_xquad(tmp_path / "twice", langs=("en", "en_GB")))
 
 
 def test_xquad_r_checks(tmp_path: Path) -> None:

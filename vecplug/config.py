@@ -504,16 +504,10 @@ def load_settings(config_file: str | Path | None = None,
                 continue
             if not isinstance(values, Mapping):
                 raise ConfigError(f"{where}: section '{section}' must be a mapping")
-            folder_store = str(values.get("store", "")).strip() if section == "index" else ""
-            if folder_store in ("hnswlib", "flat"):
-                if values.get("url") is not None and str(values["url"]).strip():
-                    # one layer can't say both (the store was dropped without a word)
-                    raise ConfigError(f"{where}: index.url names a Qdrant server and index.store "
-                                      f"'{folder_store}' an index folder: give one of them")
-                # a URL means a Qdrant server: a layer above that names a folder's store overrides it
-                values = {**values, "url": None}
-            elif section == "index" and "url" not in values and values.get("path") is not None:
-                # ... and so does one that names a folder (--index DIR over VECPLUG_INDEX_URL)
+            if section == "index" and "url" not in values and (
+                    str(values.get("store", "")).strip() in ("hnswlib", "flat") or values.get("path") is not None):
+                # a URL means a Qdrant server: a layer above that names a folder's store, or a
+                # folder (--index DIR over VECPLUG_INDEX_URL), overrides it (in one layer, the URL wins)
                 values = {**values, "url": None}
             current = getattr(settings, section)
             settings = dataclasses.replace(settings, **{section: _apply(current, values, f"{where}: {section}")})
