@@ -1366,3 +1366,53 @@ def test_a_point_vecplug_did_not_write_is_named() -> None:
             list(store.ids())
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("name", ["hnswlib", "flat"])
+def test_an_interrupt_just_past_the_commit_point_keeps_the_commit(tmp_path: Path, name: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C raised on the way back from SQLite's COMMIT (the commit has taken): the new graph
+    file stays (it was deleted as a failed commit's, and every open after failed), the handle
+    goes on from the commit; an old graph file that cannot be removed after a commit is left,
+    not a commit half done whose next writes land outside any transaction."""
+    from pathlib import Path as P
+
+    cls = get_store_class(name)
+    vecs = unit_vectors(6, DIM, seed=21)
+    store = cls.create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {})
+    try:
+        store.upsert(records(3), vecs[:3])
+        store.commit()
+        store.upsert(records(3, start=3), vecs[3:])
+        real = store._sql  # noqa: SLF001
+
+        def commit_then_interrupt(sql: str, *args: Any) -> Any:
+            out = real(sql, *args)
+            if sql == "COMMIT":
+                raise KeyboardInterrupt
+            return out
+
+        monkeypatch.setattr(store, "_sql", commit_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            store.commit()
+        monkeypatch.setattr(store, "_sql", real)
+        assert store.count() == 6 and store._db.in_transaction  # noqa: SLF001
+        # the next commit's old graph file will not go: the commit stands, the handle writes on
+        unlink = P.unlink
+        monkeypatch.setattr(P, "unlink", lambda self, *a, **kw: (_ for _ in ()).throw(PermissionError(13, "denied"))
+                            if self.name.startswith("vectors-") else unlink(self, *a, **kw))
+        store.delete([records(1)[0].id])
+        store.commit()
+        monkeypatch.setattr(P, "unlink", unlink)
+        assert store._db.in_transaction  # noqa: SLF001
+        store.upsert(records(2, start=10), unit_vectors(2, DIM, seed=22))
+        store.commit()
+    finally:
+        store.close()
+    reopened = cls.open(str(tmp_path / "idx"), {})
+    try:
+        assert reopened.count() == 7 and not reopened.verify()
+        assert sorted(r.id for r in reopened.get([r.id for r in records(12)])) == \
+            sorted(r.id for r in records(6)[1:] + records(2, start=10))
+    finally:
+        reopened.close()

@@ -1340,6 +1340,7 @@ class HnswStore(VectorStore):
             if manifest is not None:
                 meta["manifest"] = {**meta["manifest"], **manifest}
             written: Path | None = None
+            committing = False  # set once the new meta is staged, COMMIT next
             try:
                 if self._dirty and self._index is not None:
                     self._compact_if_worn()
@@ -1375,24 +1376,49 @@ class HnswStore(VectorStore):
                 meta["checksum"] = json_checksum(meta)
                 for key, value in meta.items():
                     self._sql("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+                committing = True
                 self._sql("COMMIT")  # <- the commit point
-            except OSError as exc:
+            except BaseException as exc:
+                if committing and self._committed(meta):
+                    # past the commit point (an interrupt raised on the way back from COMMIT):
+                    # the new graph file is the index's now, and this handle goes on from it
+                    self._after_commit(meta)
+                    raise
                 self._abandon(written)
-                raise storage_error(exc, f"cannot commit to the index at {self.folder}") from exc
-            except BaseException:
-                self._abandon(written)
+                if isinstance(exc, OSError):
+                    raise storage_error(exc, f"cannot commit to the index at {self.folder}") from exc
                 raise
-            old = self._meta.get("hnsw_file")
-            self._meta = meta
-            self._dirty = False
-            if old and old != meta["hnsw_file"]:
-                (self.folder / old).unlink(missing_ok=True)
-            self._sql("BEGIN")
-            self._write_stamp()
+            self._after_commit(meta)
+
+    def _committed(self, meta: dict[str, Any]) -> bool:
+        """Whether SQLite holds ``meta`` as committed (after an exception around COMMIT: it may
+        have taken, or been rolled back by SQLite itself on an I/O error)."""
+        try:
+            if self._db is None or self._db.in_transaction:
+                return False
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'checksum'").fetchone()
+            return row is not None and json.loads(row[0]) == meta["checksum"]
+        except (sqlite3.Error, ValueError):
+            return False
+
+    def _after_commit(self, meta: dict[str, Any]) -> None:
+        """This handle on the commit of ``meta``: the next transaction opened first (writes
+        outside one would land a row at a time), then the last commit's graph file removed (a
+        file that will not go is left for the next writer: the commit is done)."""
+        old = self._meta.get("hnsw_file")
+        self._meta = meta
+        self._dirty = False
+        self._sql("BEGIN")
+        if old and old != meta["hnsw_file"]:
             try:
-                atomic_write_json(self.folder / MANIFEST_NAME, meta["manifest"])
-            except OSError as exc:  # the copy for people: the commit itself is done
-                raise storage_error(exc, f"committed, but cannot write {self.folder / MANIFEST_NAME}") from exc
+                (self.folder / old).unlink(missing_ok=True)
+            except OSError:
+                pass
+        self._write_stamp()
+        try:
+            atomic_write_json(self.folder / MANIFEST_NAME, meta["manifest"])
+        except OSError as exc:  # the copy for people: the commit itself is done
+            raise storage_error(exc, f"committed, but cannot write {self.folder / MANIFEST_NAME}") from exc
 
     def _compact_if_worn(self) -> None:
         """Rebuild the graph from its live vectors once deleted ones are a quarter of it.
