@@ -341,10 +341,12 @@ class TextEncoder:
         if self.split is not None:
             hidden, state = (self.graph if self.graph is not None else self.split)(ids, mask_t)
             self.kept.add(input_ids, mask, state)
+        elif self.compiled is not None and input_ids.size > SMALL_FORWARD_TOKENS:
+            # (before the graph: once queries have traced it, it would take the large batches
+            # that compile is for)
+            hidden = self.compiled(ids, mask_t)
         elif self.graph is not None:
             hidden = self.graph(ids, mask_t)
-        elif self.compiled is not None and input_ids.size > SMALL_FORWARD_TOKENS:
-            hidden = self.compiled(ids, mask_t)
         else:
             hidden = self.model(input_ids=ids, attention_mask=mask_t).last_hidden_state
         return _mean(hidden, mask_t)

@@ -75,6 +75,34 @@ def test_only_large_batches_are_compiled_and_a_failure_falls_back_to_eager(
     np.testing.assert_allclose(got, eager.encode_documents(TEXTS), atol=1e-6)
 
 
+def test_large_batches_stay_compiled_once_queries_have_traced_the_model(
+        tiny_model: Path, fresh_machine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that encodes both sides (no student): a few queries trace it, and its large
+    batches still go through the compiled forward (the traced graph took them all)."""
+    from vecplug.indexer import compiled
+
+    calls: list[int] = []
+
+    class Counting:
+        def __init__(self, model: Any) -> None:
+            self.model = model
+
+        def __call__(self, ids: Any, mask: Any) -> Any:
+            calls.append(int(ids.numel()))
+            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    monkeypatch.setattr(compiled, "CompiledForward", Counting)
+    enc = Encoder.from_specs(str(tiny_model), precision="float32", compile=True)
+    _assert_large(enc.document)
+    for _ in range(4):
+        enc.encode_queries(["water boils"])
+    assert enc.document.graph is not None and not calls  # traced; queries never compiled
+    got = enc.encode_documents(TEXTS)
+    assert calls and all(n > SMALL_FORWARD_TOKENS for n in calls)
+    eager = Encoder.from_specs(str(tiny_model), precision="float32").encode_documents(TEXTS)
+    np.testing.assert_allclose(got, eager, atol=1e-5)
+
+
 def test_the_setting_reaches_the_document_encoder_only(tiny_model: Path, fresh_machine: Path,
                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch

@@ -284,6 +284,30 @@ def test_cross_encoder_model_errors(tiny_model: Path, tmp_path: Path) -> None:
         CrossEncoderReranker("some-org/some-cross-encoder")
 
 
+def test_cross_encoder_scores_from_threads_as_alone(trained_ce: Path) -> None:
+    """One reranker shared by threads (an Index is): each call's pairs cut as its own length
+    asks (the tokenizer's truncation is state of its Rust object, set by each call: threads'
+    calls interleaved ran with each other's and failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
+
+    import random
+
+    reranker = CrossEncoderReranker(str(trained_ce), max_length=24, batch_size=8, precision="float32")
+    rng = random.Random(0)
+    words = "the quick brown fox jumps over lazy dog water boils at one hundred degrees".split()
+    # queries of 2 words and of 30 (cut on both sides, "longest_first"), documents of 5 to 60
+    queries = [" ".join(rng.choice(words) for _ in range(rng.choice([2, 30]))) for _ in range(20)]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(10)]
+    calls = [[(queries[rng.randrange(20)], d) for d in docs] for _ in range(320)]
+    alone = [reranker.score_pairs(pairs) for pairs in calls]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(reranker.score_pairs, calls))
+    for scores, want in zip(together, alone):
+        np.testing.assert_allclose(scores, want, atol=1e-6)
+
+
 def test_cross_encoder_truncates_long_inputs(trained_ce: Path) -> None:
     from vecplug.adapters.rerank.cross_encoder import CrossEncoderReranker
 

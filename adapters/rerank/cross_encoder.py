@@ -15,6 +15,7 @@ Score of a (query, document) pair:
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -61,6 +62,9 @@ class CrossEncoderReranker(Reranker):
         self.num_labels: int | None = None
         self._limit = self.max_length
         self._pair_specials = 0
+        # a fast tokenizer keeps its truncation as state of its Rust object, set by each call:
+        # two threads' calls interleaved ran with each other's ("Second sequence not provided")
+        self._tokenizing = threading.Lock()
 
     # -- loading -------------------------------------------------------------
 
@@ -119,10 +123,11 @@ class CrossEncoderReranker(Reranker):
         from vecplug.indexer.encoder import pair_truncation
 
         tok = self.tokenizer
-        q_len = len(tok(query, add_special_tokens=False)["input_ids"])
-        strategy = pair_truncation(q_len, self._pair_specials, self._limit)
-        enc = tok([query] * len(docs), list(docs), truncation=strategy, max_length=self._limit,
-                  padding=False)
+        with self._tokenizing:
+            q_len = len(tok(query, add_special_tokens=False)["input_ids"])
+            strategy = pair_truncation(q_len, self._pair_specials, self._limit)
+            enc = tok([query] * len(docs), list(docs), truncation=strategy, max_length=self._limit,
+                      padding=False)
         keys = [k for k in ("input_ids", "token_type_ids") if k in enc]  # the mask is rebuilt when padding
         return [{k: enc[k][i] for k in keys} for i in range(len(docs))]
 
