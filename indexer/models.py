@@ -331,16 +331,42 @@ def tokenizer_checksum(folder: Path) -> str:
 
 
 def _default_prefixes(name: str, folder: Path) -> tuple[str, str]:
-    """Prefixes from the folder's ``vecplug.json``, else by the model's ``name`` (a folder's own
+    """Prefixes from the folder's ``vecplug.json``, else the prompts its
+    ``config_sentence_transformers.json`` names, else by the model's ``name`` (a folder's own
     name, a hub repository's name: never the spec as typed, which may be ``.``)."""
     meta = _read_meta(folder)
     if "query_prefix" in meta or "document_prefix" in meta:
         return meta.get("query_prefix", ""), meta.get("document_prefix", "")
+    prompts = _sentence_transformers_prompts(folder)
+    if prompts is not None:
+        return prompts
     parts = re.split(r"[-_. /]", name.lower())  # "multilingual-e5-small": e5; "base5": none
+    if "instruct" in parts:
+        # (multilingual-e5-large-instruct: a task instruction before each query, none before a
+        # document; which task is the user's to say, with model.query_prefix)
+        return "", ""
     for family, q, d in _KNOWN_PREFIXES:
         if family in parts:
             return q, d
     return "", ""
+
+
+def _sentence_transformers_prompts(folder: Path) -> tuple[str, str] | None:
+    """(query, document) prompts of a sentence-transformers model folder (its
+    ``config_sentence_transformers.json``: ``prompts`` by name, ``query`` and ``document``,
+    ``passage`` or ``corpus``), None when it names neither."""
+    try:
+        data = json.loads((folder / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    prompts = data.get("prompts") if isinstance(data, dict) else None
+    if not isinstance(prompts, dict):
+        return None
+    query = prompts.get("query")
+    document = next((prompts[k] for k in ("document", "passage", "corpus") if k in prompts), None)
+    if not isinstance(query, str) and not isinstance(document, str):
+        return None
+    return (query if isinstance(query, str) else "", document if isinstance(document, str) else "")
 
 
 def _resolve_student(spec: str, folder: Path, build: bool, builtin: bool = False) -> ModelInfo:

@@ -391,3 +391,26 @@ def test_default_prefixes_go_by_the_folders_name_not_the_spec(tiny_model: Path, 
     monkeypatch.setattr(models, "_download", lambda spec: tiny_model)
     assert resolve_model("org/roberta-base5").query_prefix == ""
     assert resolve_model("intfloat/e5-base-v2").query_prefix == "query: "
+    # E5's instruct models take a task instruction, not "query: ": that is the user's to give
+    info = resolve_model("intfloat/multilingual-e5-large-instruct")
+    assert (info.query_prefix, info.document_prefix) == ("", "")
+
+
+def test_a_sentence_transformers_folder_names_its_own_prompts(tiny_model: Path, tmp_path: Path) -> None:
+    """Prompts a sentence-transformers folder declares are its prefixes, whatever its name (a
+    renamed E5 folder, a model of another family); vecplug.json's, when there, come first."""
+    import json
+
+    folder = tmp_path / "renamed"
+    shutil.copytree(tiny_model, folder)
+    assert resolve_model(str(folder)).query_prefix == ""  # nothing says
+    config = folder / "config_sentence_transformers.json"
+    for prompts, want in (({"query": "query: ", "passage": "passage: "}, ("query: ", "passage: ")),
+                          ({"query": "Represent this: ", "document": ""}, ("Represent this: ", "")),
+                          ({"query": "q: "}, ("q: ", "")), ({"classification": "c: "}, ("", "")),
+                          ({"query": 3}, ("", ""))):
+        config.write_text(json.dumps({"prompts": prompts, "default_prompt_name": None}))
+        info = resolve_model(str(folder))
+        assert (info.query_prefix, info.document_prefix) == want, prompts
+    config.write_text("{not json")
+    assert resolve_model(str(folder)).query_prefix == ""
