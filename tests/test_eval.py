@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
@@ -591,6 +592,32 @@ def test_evaluate_beir_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
     assert mono["overall"]["queries"] == 2 and mono["overall"]["mrr@10"] == pytest.approx(1.0)
     assert s[("xy", "default query encoder + no debias")]["by_doc_lang"]["de"]["queries"] == 1
     assert "The first" not in report.markdown()
+
+
+def test_a_beir_query_s_own_document_is_not_an_answer(tmp_path: Path, tiny_model: Path) -> None:
+    """As BEIR's evaluation does: a corpus that holds the queries themselves (ArguAna, Quora)
+    does not score a query's own document as a miss at rank 1; k answers remain."""
+    folder = write_beir(tmp_path / "beir", bad_lines=False)
+    text = "wasser kocht bei hundert grad im topf"
+    for name, line in (("corpus.jsonl", {"_id": "q9", "text": text, "lang": "de"}),  # the query itself
+                       ("queries.jsonl", {"_id": "q9", "text": text, "lang": "de"})):
+        with (folder / name).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+    with (folder / "qrels" / "test.tsv").open("a", encoding="utf-8") as f:
+        f.write("q9\td4\t1\n")
+    ds = load_beir(folder)
+    report = evaluate(ds, make_runs([None], ["xy"], [None], [False]), model=str(tiny_model), command="test", k=3)
+    rows = {r["id"]: r for r in report.results[0].queries}
+    assert rows["q9"]["mrr@10"] == pytest.approx(1.0) and rows["q9"]["p@1"] == 1.0
+    # the search itself finds the copy first: it is the evaluation that sets it aside
+    from vecplug.api import Index
+    from vecplug.evaluate import index_settings
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = index_settings(str(Path(tmp) / "idx"), True, document=str(tiny_model))
+        with Index.open(settings, create=True) as index:
+            index.add_documents(ds.documents)
+            assert [h.id for h in index.search(text, 2, lang="de", debias=False)] == ["q9", "d4"]
 
 
 def test_eval_drops_and_reports_documents_the_index_refuses(tmp_path: Path, tiny_model: Path) -> None:

@@ -330,6 +330,9 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
         raise no_queries_error(dataset)
     texts = [q.text for q in queries]
     given = [q.lang for q in queries]
+    # as BEIR's evaluation does: a document whose id is the query's own is not an answer (ArguAna
+    # and Quora hold their queries in the corpus); one more is searched for, so that k remain
+    drop_self = dataset.info.get("format") == "beir"
     results: dict[int, RunResult] = {}
     by_encoder: dict[str | None, list[int]] = defaultdict(list)
     for i, run in enumerate(runs):
@@ -347,7 +350,7 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                 chosen: dict[str, Any] = {} if run.consensus is None else {"consensus": run.consensus}
                 if run.rerank_gate is not None:  # likewise
                     chosen["rerank_gate"] = run.rerank_gate
-                found = index.search_batch(texts, k, mode=run.mode, langs=given, target_langs=(),
+                found = index.search_batch(texts, k + drop_self, mode=run.mode, langs=given, target_langs=(),
                                            rerank=run.rerank or "none", rerank_depth=rerank_depth,
                                            debias=run.debias, progress=progress, **chosen)
                 if len(found) != len(queries):
@@ -361,7 +364,7 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                     if not metrics.relevant_ids(relevance):
                         skipped += 1  # nothing to find in this mode (e.g. mono, no same-language answer)
                         continue
-                    hits = list(result.hits)
+                    hits = [h for h in result.hits if not (drop_self and h.id == q.id)][:k]
                     row = {"id": q.id, "lang": qlang, "search_lang": getattr(result, "lang", None),
                            "seconds": float(result.seconds), "reranked": getattr(result, "reranked", None),
                            **score_query([h.id for h in hits], [h.lang for h in hits], relevance, qlang,
