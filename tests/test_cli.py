@@ -541,3 +541,27 @@ def test_an_index_whose_model_is_gone_says_so(corpus: Path, tiny_model: Path, tm
     assert "no problems found" in run("verify", "--no-encode")
     err = run("search", "fox", ok=False)
     assert f"was built with {model}: put the model back there" in err
+
+
+def test_index_switches_turn_settings_off_as_well_as_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag beats the environment in both directions: --no-compile, --fp32-documents and
+    --plain-graph turn off what VECPLUG_* turned on (the switches had no "off" form)."""
+    import vecplug
+    from vecplug.api import Index
+
+    seen: list[Any] = []
+
+    def capture(settings: Any, **kwargs: Any) -> Any:
+        seen.append(settings)
+        raise vecplug.VecplugError("stop here")
+
+    monkeypatch.setattr(Index, "open", classmethod(lambda cls, settings, **kw: capture(settings)))
+    monkeypatch.setenv("VECPLUG_MODEL_COMPILE", "true")
+    monkeypatch.setenv("VECPLUG_MODEL_DOCUMENT_QUANTIZE", "int8")
+    monkeypatch.setenv("VECPLUG_INDEX_HNSW_CENTRED", "true")
+    run("index", str(tmp_path), ok=False)
+    run("index", str(tmp_path), "--no-compile", "--fp32-documents", "--plain-graph", ok=False)
+    run("index", str(tmp_path), "--compile", "--int8-documents", "--centred-graph", ok=False)
+    got = [(s.model.compile, s.model.document_quantize, s.index.hnsw_centred) for s in seen]
+    # ("none" reads as unset: float32 for a new index, an existing one's own otherwise)
+    assert got == [(True, "int8", True), (False, None, False), (True, "int8", True)]

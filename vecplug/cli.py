@@ -97,15 +97,17 @@ def cli() -> None:
 @click.option("--chunk-tokens", type=int, help="Passage size for .txt/.md files, in tokens [default: the index's; 200 for a new one].")
 @click.option("--debias/--no-debias", default=None,
               help="A new index searches with the language-bias correction on by default.")
-@click.option("--centred-graph", "centred", is_flag=True, default=None,
+@click.option("--centred-graph/--plain-graph", "centred", default=None,
               help="A new hnswlib index's graph holds vectors centred by language: the language-bias "
                    "correction is one walk (fast on a large index of many languages); a search without "
-                   "it goes language by language.")
-@click.option("--int8-documents", "int8_documents", is_flag=True, default=None,
-              help="Encode documents with int8 weights (the documents' recipe, torch or onnx; recorded in the index).")
-@click.option("--compile", "compile_", is_flag=True, default=None,
+                   "it goes language by language [default: index.hnsw_centred, else plain].")
+@click.option("--int8-documents/--fp32-documents", "int8_documents", default=None,
+              help="Encode documents with int8 weights (the documents' recipe, torch or onnx; recorded in the "
+                   "index), or not (float32 for a new index; an existing one keeps what it was built with) "
+                   "[default: model.document_quantize, else the index's].")
+@click.option("--compile/--no-compile", "compile_", default=None,
               help="Compile the document encoder with torch.compile (needs a C++ compiler): "
-                   "faster on a large corpus after ~40 s on the first batch.")
+                   "faster on a large corpus after ~40 s on the first batch [default: model.compile].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_errors
 def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: bool | None, centred: bool | None,
@@ -115,7 +117,8 @@ def index_cmd(path: str, lang: str | None, chunk_tokens: int | None, debias: boo
 
     settings = _settings(**common, sections={"corpus": {"lang": lang, "chunk_tokens": chunk_tokens},
                                              "index": {"debias": debias, "hnsw_centred": centred},
-                                             "model": {"document_quantize": "int8" if int8_documents else None,
+                                             "model": {"document_quantize": None if int8_documents is None
+                                                       else "int8" if int8_documents else "none",
                                                        "compile": compile_}})
     with Index.open(settings, create=True) as index:
         report = index.index_path(path, progress=not quiet)
