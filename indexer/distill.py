@@ -235,10 +235,17 @@ def check_output(out: Path, teacher: Any) -> None:
 
 # -- the loop --------------------------------------------------------------------------
 
-def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str) -> str:
+def _fingerprint(config: DistillConfig, inputs: list[str], targets: list[str], teacher_sum: str,
+                 legacy: bool = False) -> str:
+    """What a checkpoint is recognised by: the settings, the teacher by its checksum and the
+    texts by their contents, not by how the teacher's and the texts' paths are written (a run
+    resumed as ``--teacher ./m`` after ``--teacher /abs/m`` is the same run). ``legacy``: the
+    formula before 2026-11-30, which hashed those paths as written (its checkpoints resume)."""
     h = hashlib.sha256()
+    paths = () if legacy else ("teacher", "tatoeba", "texts")
     h.update(json.dumps({k: v for k, v in asdict(config).items()
-                         if k != "checkpoint_every" and not (k in LATER_FIELDS and v == LATER_FIELDS[k])},
+                         if k != "checkpoint_every" and k not in paths
+                         and not (k in LATER_FIELDS and v == LATER_FIELDS[k])},
                         sort_keys=True).encode())
     h.update(teacher_sum.encode())
     for a, b in zip(inputs, targets):
@@ -382,7 +389,8 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
 
     step, losses = 0, []
     named = {n: p for n, p in modules.named_parameters() if p.requires_grad}
-    state = checkpoint.load(work, key, named, optimizer, log)
+    state = checkpoint.load(work, key, named, optimizer, log,
+                            earlier=(_fingerprint(config, inputs, targets, teacher.info.checksum, legacy=True),))
     if state is not None:
         step, losses = int(state["step"]), list(state["losses"])
         log(f"resuming at step {step} of {total}")

@@ -318,14 +318,19 @@ def plan_steps(config: TrainConfig, tasks: list[TaskData], log: Callable[[str], 
     return steps[:config.max_steps] if config.max_steps is not None else steps
 
 
-def _fingerprint(config: TrainConfig, base_checksum: str, tasks: list[TaskData], *, version: int = 2) -> str:
+def _fingerprint(config: TrainConfig, base_checksum: str, tasks: list[TaskData], *, version: int = 3) -> str:
     """What a checkpoint and a finished output are recognised by: the config (but where it is
-    written and how often it checkpoints), the base model and the data. ``version`` 1 is the
-    formula of outputs trained before 2026-11-24 (texts and labels only), still recognised as
-    finished runs."""
+    written and how often it checkpoints), the base model and the data: the model by its
+    checksum and the tasks' data by their contents, not by how their paths are written
+    (``./tiny`` and ``/abs/tiny`` are one run). Older formulas, still recognised as finished
+    runs: ``version`` 2 (before 2026-11-30) hashed those paths as written, 1 (before
+    2026-11-24) the texts and labels only."""
     h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in dataclasses.asdict(config).items()
-                         if k not in ("checkpoint_every", "output")}, sort_keys=True, default=str).encode())
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("checkpoint_every", "output")}
+    if version >= 3:
+        settings.pop("model", None)
+        settings["tasks"] = [{k: v for k, v in task.items() if k != "data"} for task in settings.get("tasks", [])]
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     h.update(base_checksum.encode())
     if version == 1:
         for t in tasks:
@@ -400,7 +405,8 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
     if out.exists():
         meta = _read_json(out / "vecplug.json")
         done = meta.get("training", {}).get("fingerprint")
-        if done is not None and done in (key, _fingerprint(config, info.checksum, tasks, version=1)):
+        if done is not None and done in (key, *(_fingerprint(config, info.checksum, tasks, version=v)
+                                                 for v in (2, 1))):
             log(f"{out} already holds this training run's result")
             return TrainReport(out, int(meta["training"]["steps"]), 0.0,
                                evaluations=list(meta["training"].get("evaluations", [])))
@@ -415,7 +421,8 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
                                   weight_decay=config.weight_decay)
     work = out.parent / f"{out.name}{WORK}"
     step, losses, evaluations = 0, [], []
-    state = checkpoint.load(work, key, params, optimizer, log)
+    state = checkpoint.load(work, key, params, optimizer, log,
+                            earlier=(_fingerprint(config, info.checksum, tasks, version=2),))
     if state is not None:
         step, losses, evaluations = int(state["step"]), list(state["losses"]), list(state["evaluations"])
         log(f"resuming at step {step} of {total}")

@@ -89,3 +89,22 @@ def test_a_checkpoint_of_the_earlier_layout_still_resumes(tmp_path: Path) -> Non
     assert checkpoint.load(tmp_path, "k", dict(fresh.named_parameters()), fresh_optimizer)["step"] == 2
     for (_, a), (_, b) in zip(fresh.named_parameters(), model.named_parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_checkpoint_under_an_earlier_key_of_the_same_run_resumes(tmp_path: Path) -> None:
+    """A run's key computed by an earlier vecplug's formula (given as ``earlier``) resumes its
+    checkpoint; another run's key does not."""
+    import torch
+
+    model, optimizer = _model_and_optimizer()
+    _train(model, optimizer, 2)
+    checkpoint.save(tmp_path, dict(model.named_parameters()), optimizer, {"key": "old-formula", "step": 2})
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fresh, fresh_opt = _model_and_optimizer(seed=1)
+    said: list[str] = []
+    assert checkpoint.load(tmp_path, "new-formula", dict(fresh.named_parameters()), fresh_opt, said.append) is None
+    assert "is of another run" in said[-1]
+    state = checkpoint.load(tmp_path, "new-formula", dict(fresh.named_parameters()), fresh_opt,
+                            earlier=("old-formula",))
+    assert state is not None and state["step"] == 2
+    assert all(torch.equal(p, saved[n]) for n, p in fresh.named_parameters())

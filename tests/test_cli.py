@@ -565,3 +565,13 @@ def test_index_switches_turn_settings_off_as_well_as_on(tmp_path: Path, monkeypa
     got = [(s.model.compile, s.model.document_quantize, s.index.hnsw_centred) for s in seen]
     # ("none" reads as unset: float32 for a new index, an existing one's own otherwise)
     assert got == [(True, "int8", True), (False, None, False), (True, "int8", True)]
+
+
+def test_a_query_student_given_as_the_document_model_is_named_so(corpus: Path, tiny_student: Path,
+                                                                tiny_model: Path) -> None:
+    """``index --model STUDENT``: refused with what the folder is and what to give instead (the
+    message spoke of a query encoder the user never gave)."""
+    out = run("index", str(corpus), "--model", str(tiny_student), ok=False)
+    assert f"{tiny_student} is a query student" in out
+    assert "give its teacher as the document encoder (--model) and it as the query encoder" in out
+    run("index", str(corpus), "--model", str(tiny_model), "--query-encoder", str(tiny_student), "-q")

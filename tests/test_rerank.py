@@ -634,6 +634,21 @@ def test_field_reranker_scores_and_order() -> None:
                                    "scale": 20.0, "head": None, "checksum": None}
 
 
+def test_field_reranker_refuses_settings_that_cannot_rank() -> None:
+    """A negative cache (every rerank failed emptying it) and a scale of 0 or below (attention
+    uniform, or on the least related field) are refused when the reranker is made."""
+    from vecplug.adapters.rerank import get_reranker
+    from vecplug.errors import ConfigError
+
+    for options, message in (({"cache_size": -1}, "cache_size must be 0 or more"),
+                             ({"scale": 0.0}, "scale must be a finite number above 0"),
+                             ({"scale": -5.0}, "scale must be a finite number above 0"),
+                             ({"scale": float("nan")}, "scale must be a finite number above 0")):
+        with pytest.raises(ConfigError, match=message):
+            get_reranker("fields", **options)
+    assert get_reranker("fields", cache_size=0).cache_size == 0
+
+
 def test_field_reranker_loads_a_trained_head(tmp_path: Path) -> None:
     from safetensors.numpy import save_file
 

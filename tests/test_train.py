@@ -297,6 +297,36 @@ def test_query_data_with_uneven_negatives_trains_and_resumes_to_the_same_weights
     _assert_same_weights(tmp_path / "one", tmp_path / "two")
 
 
+def test_a_run_is_one_run_however_its_paths_are_written(tmp_path: Path, tiny_model: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model and the data are recognised by their checksum and contents: the same run with
+    its paths written relative (another spelling of the same files) finds its result, and an
+    interrupted one resumes, where it was 'something else' and started over."""
+    import shutil
+
+    from vecplug.training import run_training
+
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    absolute = write_config(tmp_path / "abs.yaml", **base_config(tmp_path, tiny_model, data))
+    done = run_training(absolute, progress=False)
+    shutil.copytree(tiny_model, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    relative = write_config(tmp_path / "rel.yaml", **base_config(tmp_path, Path("model"), Path("pairs.jsonl")))
+    again = run_training(relative, progress=False)
+    assert again.steps == done.steps and again.losses == []  # found, not trained again
+    resumable = write_config(tmp_path / "res.yaml", **base_config(tmp_path, tiny_model, data,
+                                                                 output=str(tmp_path / "res")))
+    assert run_training(resumable, progress=False, stop_after=3) is None
+    moved = write_config(tmp_path / "moved.yaml", **base_config(tmp_path, Path("model"), Path("pairs.jsonl"),
+                                                                output=str(tmp_path / "res")))
+    assert run_training(moved, progress=False).resumed_at == 3
+    # what it trains on still counts
+    other = write_pairs(tmp_path / "other.jsonl", seed=5)
+    changed = write_config(tmp_path / "changed.yaml", **base_config(tmp_path, tiny_model, other))
+    with pytest.raises(ConfigError, match="holds something else"):
+        run_training(changed, progress=False)
+
+
 def test_output_holding_something_else_is_refused(tmp_path: Path, tiny_model: Path) -> None:
     from vecplug.training import run_training
 

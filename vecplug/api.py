@@ -928,6 +928,13 @@ def built_int8_version(built: dict[str, Any]) -> int | None:
 
 def check_query_encoder(current: dict[str, Any]) -> None:
     """A query encoder must be the document encoder or a student distilled from it."""
+    if (current["document_encoder"] == current["query_encoder"]
+            and current["query_encoder_teacher_checksum"] != current["query_encoder_checksum"]):
+        # a student given as the document encoder (--model): it was made to encode queries
+        raise ModelMismatchError(
+            f"{current['document_encoder']} is a query student (distilled from the teacher with checksum "
+            f"{current['query_encoder_teacher_checksum']}): it encodes queries only; give its teacher "
+            "as the document encoder (--model) and it as the query encoder (--query-encoder)")
     if current["query_encoder_teacher_checksum"] != current["document_encoder_checksum"]:
         if current["query_encoder_teacher_checksum"] == current["query_encoder_checksum"]:
             raise ModelMismatchError(

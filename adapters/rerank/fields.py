@@ -149,9 +149,12 @@ class FieldAttentionReranker(Reranker):
         if not self.fields:
             raise ConfigError("the field reranker needs at least one field")
         scale = 20.0 if scale is None else scale
-        if not np.isfinite(scale):
-            raise ConfigError(f"field reranker scale must be finite, got {scale}")
+        if not np.isfinite(scale) or scale <= 0:
+            # (0: uniform attention whatever the query; below: the least related field weighs most)
+            raise ConfigError(f"field reranker scale must be a finite number above 0, got {scale}")
         self.scale = float(scale)
+        if int(cache_size) < 0:
+            raise ConfigError(f"field reranker cache_size must be 0 or more, got {cache_size}")
         self.cache_size = int(cache_size)
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_owner: Any = None
