@@ -29,6 +29,10 @@ def test_wheel_has_only_the_vecplug_package(tmp_path: Path) -> None:
     assert "vecplug/indexer/calibration.txt" in names  # the ONNX int8 recipe calibrates on it
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "vecplug = vecplug.cli:main" in entry
+    from vecplug.adapters.stores.registry import BUILTIN_STORES
+
+    for name in BUILTIN_STORES:  # every built-in store is an entry point too, as a plugin's would be
+        assert f"\n{name} = " in entry, name
 
 
 def test_installed_layout(tmp_path: Path) -> None:
