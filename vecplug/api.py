@@ -846,7 +846,7 @@ class Index:
 
             options = ({"max_length": self.settings.search.rerank_max_length,
                         "precision": self.settings.model.precision}
-                       if spec.startswith("cross-encoder") else {})
+                       if spec.partition(":")[0].strip() == "cross-encoder" else {})  # (not a plugin's "cross-encoder2")
             with LOAD_LOCK:  # one reranker per spec, whichever threads ask at once
                 if spec not in self._rerankers:
                     self._rerankers[spec] = get_reranker(spec, **options)
