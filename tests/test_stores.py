@@ -1416,3 +1416,37 @@ def test_an_interrupt_just_past_the_commit_point_keeps_the_commit(tmp_path: Path
             sorted(r.id for r in records(6)[1:] + records(2, start=10))
     finally:
         reopened.close()
+
+
+def test_a_search_past_what_the_graph_reaches_returns_all_it_reaches(tmp_path: Path) -> None:
+    """A worn, sparse graph (M 4, every vector replaced six times) leaves a few nodes no walk
+    reaches: asked for every record, hnswlib refuses the short answer; the store returns all
+    that the walk reaches (it halved k until one answered: about half of them)."""
+    from vecplug.adapters.stores import hnsw
+
+    n = 600
+    store = hnsw.HnswStore.create(str(tmp_path / "idx"), DIM, {"dim": DIM}, {"M": 4, "ef_construction": 10})
+    try:
+        recs = [Record(f"d{i}", "t", "s", 0, "en", {}) for i in range(n)]
+        for round_ in range(6):
+            store.upsert(recs, unit_vectors(n, DIM, seed=round_))
+        store.commit()
+        q = unit_vectors(1, DIM, seed=99)[0]
+        graph = store._index  # noqa: SLF001
+        graph.set_ef(4000)
+        with pytest.raises(RuntimeError):  # (the case: not every node is reachable)
+            graph.knn_query(q, k=n)
+        reachable = next(m for m in range(n, 0, -1) if _answers(graph, q, m))
+        assert reachable > 0.9 * n
+        hits = store.search(q, n, ef=4000)
+        assert len(hits) == reachable and len({h.record.id for h in hits}) == reachable
+    finally:
+        store.close()
+
+
+def _answers(graph: Any, q: np.ndarray, k: int) -> bool:
+    try:
+        graph.knn_query(q, k=k)
+        return True
+    except RuntimeError:
+        return False

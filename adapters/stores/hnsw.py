@@ -1159,14 +1159,34 @@ class HnswStore(VectorStore):
             return []
         # set per call (under the mutex): ef is the index's state in hnswlib, not a query argument
         self._index.set_ef(max(int(ef or self._options["ef_search"]), k))
-        while True:
+
+        def attempt(n: int) -> Any:
             try:
-                labels, dist = self._index.knn_query(vector, k=k, filter=filt)
-                return [(int(lab), 1.0 - float(d)) for lab, d in zip(labels[0], dist[0])]
-            except RuntimeError:  # fewer reachable results than k: ask for fewer
-                if k == 1:
-                    return []
-                k = max(1, k // 2)
+                return self._index.knn_query(vector, k=n, filter=filt)
+            except RuntimeError:  # fewer than n reachable (hnswlib refuses a short answer)
+                return None
+
+        found = attempt(k)
+        if found is None:
+            # as many as the walk reaches: halve until one answers, then search between it
+            # and the last that failed (halving alone returned about half of what it reaches)
+            lo, hi = 0, k
+            while found is None and hi > 1:
+                lo = hi // 2
+                found = attempt(lo)
+                if found is None:
+                    hi = lo
+            if found is None:
+                return []
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                more = attempt(mid)
+                if more is None:
+                    hi = mid
+                else:
+                    lo, found = mid, more
+        labels, dist = found
+        return [(int(lab), 1.0 - float(d)) for lab, d in zip(labels[0], dist[0])]
 
     def _forget_filters(self) -> None:
         """Drop what is kept per language until the next write (or commit followed)."""
