@@ -165,33 +165,49 @@ def build_builtin(name: str, force: bool = False) -> Path:
     target = models_dir() / name
     if is_built(name) and not force:
         return target
+    from vecplug.fsutil import remove_dead_leftovers
+
     try:
         models_dir().mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=models_dir()))
+        # the temporary folders of builds killed midway (their process gone; ~450 MB each), and
+        # old folders of --force builds killed between their two renames
+        for kind in ("tmp", "old"):
+            remove_dead_leftovers(models_dir(), re.compile(rf"\.{kind}-{re.escape(name)}-([0-9]+)-.+"))
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-{os.getpid()}-", dir=models_dir()))
     except OSError as exc:
         raise ModelError(f"cannot build {name} into {models_dir()} ({exc.strerror or exc}): set VECPLUG_HOME "
                          "to a folder you can write") from None
     try:
-        BUILTIN_MODELS[name].builder(tmp)
-        make_readable(tmp)  # mkdtemp makes it private; a model folder is for everyone to read
-        for f in tmp.iterdir():
-            fsync_path(f)
-        fsync_path(tmp)
-        try:
-            if force:
-                replace_folder(tmp, target)
-            else:
-                tmp.rename(target)
-        except OSError as exc:
-            if not is_built(name):  # not someone else's finished build: a real failure
-                if target.exists():  # a folder of that name that is not a finished build
-                    raise ModelError(f"{target} exists and holds no finished build of {name}: remove it, "
-                                     f"or run: vecplug models build {name} --force") from exc
-                raise
-        fsync_path(models_dir())
+        _build_into(name, tmp, target, force)
+    except ModelError:
+        raise
+    except Exception as exc:  # a full disk from safetensors or tokenizers (not OSErrors), an fsync
+        raise ModelError(f"cannot build {name} into {models_dir()}: {exc}; nothing was kept (is the "
+                         "disk full?)") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _build_into(name: str, tmp: Path, target: Path, force: bool) -> None:
+    """:func:`build_builtin`'s build in ``tmp``, then renamed to ``target``."""
+    BUILTIN_MODELS[name].builder(tmp)
+    make_readable(tmp)  # mkdtemp makes it private; a model folder is for everyone to read
+    for f in tmp.iterdir():
+        fsync_path(f)
+    fsync_path(tmp)
+    try:
+        if force:
+            replace_folder(tmp, target)
+        else:
+            tmp.rename(target)
+    except OSError as exc:
+        if not is_built(name):  # not someone else's finished build: a real failure
+            if target.exists():  # a folder of that name that is not a finished build
+                raise ModelError(f"{target} exists and holds no finished build of {name}: remove it, "
+                                 f"or run: vecplug models build {name} --force") from exc
+            raise
+    fsync_path(models_dir())
 
 
 def _listed_checksum(folder: Path) -> str:

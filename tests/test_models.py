@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,35 @@ def test_a_stray_folder_in_the_way_of_a_build_is_named(monkeypatch: pytest.Monke
     with pytest.raises(ModelError, match="holds no finished build of me5-small: remove it, or run: vecplug models "
                                          "build me5-small --force"):
         models.build_builtin("me5-small")
+
+
+def test_a_build_killed_midway_leaves_nothing_for_good_and_a_full_disk_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary folder of a build whose process is gone (killed: ~450 MB each) goes at the
+    next build, a live one's stays; a builder's error that is no OSError (safetensors on a full
+    disk) is a ModelError saying so, with nothing kept."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from vecplug.errors import ModelError
+    from vecplug.indexer import models
+
+    home = models.models_dir()
+    home.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for name in (f".tmp-me5-small-{gone}-abc", f".old-me5-small-{gone}-123", f".tmp-me5-small-{os.getppid()}-live"):
+        (home / name).mkdir()
+        (home / name / "model.safetensors").write_bytes(b"x")
+
+    def full_disk(folder: Path) -> None:
+        (folder / "config.json").write_text("{}")
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setitem(models.BUILTIN_MODELS, "me5-small",
+                        dataclasses.replace(models.BUILTIN_MODELS["me5-small"], builder=full_disk))
+    with pytest.raises(ModelError, match=r"cannot build me5-small into .*No space left on device .*nothing was "
+                                         r"kept \(is the disk full\?\)"):
+        models.build_builtin("me5-small")
+    assert sorted(p.name for p in home.iterdir()) == [f".tmp-me5-small-{os.getppid()}-live"]
