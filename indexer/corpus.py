@@ -83,6 +83,7 @@ import math
 import os
 import re
 import stat
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -125,6 +126,20 @@ _UNSAFE_LABEL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\
 # what makes text unusable: NUL, and lone surrogates (undecodable bytes, or \ud800 escapes)
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
 _NON_SPACE = re.compile(r"\S")
+
+
+def _visible(text: str) -> bool:
+    """Whether ``text`` holds a character to read: not white space, nor a control or format
+    character (a zero-width space, a byte-order mark, \\x01) alone."""
+    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in text)
+
+
+def _starts_with_title(passage: str, title: str) -> bool:
+    """Whether a passage begins with its document's title (as a heading or its first words),
+    so that it is not embedded twice; "Setup is easy" begins with the title "Setup", "Settings"
+    does not begin with "Set"."""
+    text = passage.lstrip("# ")
+    return text.startswith(title) and (len(text) == len(title) or not text[len(title)].isalnum())
 # linear: [ \t]+ can only give back blanks, which \S refuses (the former ``(.+?)\s*#*\s*$``
 # took minutes on a heading line with a few thousand spaces)
 _HEADING = re.compile(r"#[ \t]+(\S.*)")
@@ -287,7 +302,7 @@ class CorpusReader:
         text = self._read_or_report(target, rel, records)
         if text is None:
             self.unread.add(rel)
-        elif not _NON_SPACE.search(text):  # read fine, and holds no documents
+        elif not _visible(text):  # read fine, and holds no documents (or only invisible characters)
             self._report(rel, "empty file")
             return None
         return text
@@ -344,7 +359,7 @@ class CorpusReader:
             size = max(1, min(size, self.options.room - len(spans) - 1))  # 1: the line break's join
         for pos, passage in enumerate(chunk(text, self.offsets, size, self.options.chunk_overlap)):
             payload: dict[str, Any] = {"title": title} if title else {}
-            embed = f"{lead}\n{passage}" if title and not passage.lstrip("# ").startswith(title) else passage
+            embed = f"{lead}\n{passage}" if title and not _starts_with_title(passage, title) else passage
             yield Document(f"{rel}#{pos}", embed, rel, pos, None, payload)
 
     def _jsonl(self, rel: str, text: str) -> Iterator[Document]:
@@ -962,8 +977,8 @@ def chunk(text: str, offsets: Offsets, size: int, overlap: int,
     spans = token_spans(text, offsets, block)
     # window[0] starts the next passage; one token past ``size`` tells whether more follow
     window = list(islice(spans, size + 1))
-    if not window:
-        return [text.strip()] if text.strip() else []
+    if not window:  # no token at all (control or invisible characters only): nothing to embed
+        return []
     if len(window) <= size:
         return [text.strip()]
     overlap = max(0, min(overlap, size // 2))
@@ -986,9 +1001,17 @@ def _word_start(text: str, spans: Sequence[tuple[int, int]], start: int, stop: i
     words); ``start`` itself if there is none. Only scripts that separate words by spaces."""
     for i in range(start, stop):
         pos = spans[i][0]
-        if pos == 0 or not (_spaced_letter(text[pos - 1]) and _spaced_letter(text[pos])):
+        if _mark(text[pos]):  # a combining mark (a Devanagari vowel sign) belongs to the letter before it
+            continue
+        before = text[pos - 1] if pos else ""
+        if not pos or not ((_spaced_letter(before) or _mark(before)) and _spaced_letter(text[pos])):
             return i
     return start
+
+
+def _mark(c: str) -> bool:
+    """A combining mark: a vowel sign, virama or accent that continues the letter before it."""
+    return unicodedata.category(c).startswith("M")
 
 
 def _spaced_letter(c: str) -> bool:
@@ -998,7 +1021,9 @@ def _spaced_letter(c: str) -> bool:
     return c.isalnum() and o < 0x2E80 and not (0x0E00 <= o <= 0x109F or 0x1780 <= o <= 0x17FF)
 
 
-_SENTENCE_END = re.compile(r"[.!?。！？؟\n]\s*$")
+# (with the danda and double danda of Indic scripts, the Urdu full stop, and Armenian,
+# Ethiopic and Myanmar full stops)
+_SENTENCE_END = re.compile(r"[.!?。！？؟।॥۔։።။\n]\s*$")
 
 
 def _sentence_end(text: str, spans: Sequence[tuple[int, int]], lo: int, hi: int) -> int:

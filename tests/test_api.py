@@ -936,3 +936,21 @@ def test_a_language_of_one_text_scores_zero_with_the_correction(tmp_path: Path, 
                              Document("d", "der hund", "api", lang="es")])
         scores = {h.id: h.score for h in index.search("agua", lang="es")}
         assert scores["a"] == scores["b"] and abs(scores["c"]) > 1e-3 and max(map(abs, scores.values())) <= 1.0
+
+
+def test_an_overlap_over_half_the_index_s_passages_is_refused(tmp_path: Path, tiny_model: Path) -> None:
+    """corpus.chunk_overlap alone, over half the passage length the index was built with:
+    refused (passages were cut with half of it, while the manifest and the CLI said more)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("water boils at one hundred degrees. " * 20)
+    first = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                             "model": {"document": str(tiny_model)},
+                                             "corpus": {"chunk_tokens": 40}})
+    with vecplug.create_index(docs, settings=first) as index:
+        assert index.manifest["corpus"]["chunk_overlap"] <= 20
+    again = vecplug.load_settings(overrides={"index": {"path": str(tmp_path / "idx")},
+                                             "corpus": {"chunk_overlap": 25}})
+    with pytest.raises(vecplug.ConfigError, match=r"chunk_overlap \(25\) must be at most half of "
+                                                  r"corpus.chunk_tokens \(40\): 20 or less"):
+        vecplug.create_index(docs, settings=again)

@@ -165,6 +165,17 @@ def test_language_codes_are_normalised(tmp_path: Path) -> None:
     cfg.write_text("corpus: {lang: x-klingon}\n")
     with pytest.raises(ConfigError, match=r"corpus.lang.*'x-klingon' is not a language code"):
         load_settings(cfg, environ={})
+    # a tag without its language ("-en", "-") is no code either (it read as none: detected)
+    from vecplug.types import lang_code
+
+    for tag in ("-en", "-", "_"):
+        with pytest.raises(ValueError, match=f"'{tag}' is not a language code"):
+            lang_code(tag)
+    assert lang_code(" ") is None and lang_code("") is None and lang_code("en-") == "en"
+    # an overlap over half a passage: refused (passages were cut with half of it, unsaid)
+    with pytest.raises(ConfigError, match=r"corpus.chunk_overlap \(60\) must be at most half of corpus.chunk_tokens \(100\)"):
+        load_settings(overrides={"corpus": {"chunk_tokens": 100, "chunk_overlap": 60}}, environ={})
+    assert load_settings(overrides={"corpus": {"chunk_tokens": 100, "chunk_overlap": 50}}, environ={})
 
 
 def test_unknown_env_variable_of_a_section_rejected() -> None:

@@ -296,6 +296,49 @@ def test_overlapping_passages_start_at_a_word() -> None:
     assert len(parts[1]) + len(parts[0]) > 30 + 5  # the overlap is kept
 
 
+def test_overlapping_passages_never_start_inside_a_devanagari_word() -> None:
+    """Combining marks (vowel signs, virama) continue the letter before them: an overlapping
+    passage started at a piece beginning with one, or at a letter after one ("ौद्योगिकी" of
+    "प्रौद्योगिकी")."""
+    def pieces(text: str) -> list[tuple[int, int]]:  # each word in pieces of up to 2 characters
+        return [(a, min(a + 2, m.end())) for m in re.finditer(r"\S+", text) for a in range(m.start(), m.end(), 2)]
+
+    words_hi = ["प्रौद्योगिकी", "विज्ञान", "भारत", "हिन्दी", "कंप्यूटर"]
+    text = " ".join(words_hi[i % 5] for i in range(120))
+    parts = chunk(text, pieces, size=30, overlap=8)
+    assert len(parts) > 5
+    assert all(p.split()[0] in words_hi for p in parts), [p.split()[0] for p in parts]
+
+
+def test_passages_end_at_the_sentence_ends_of_other_scripts() -> None:
+    """The danda (Hindi, Bengali), the Urdu full stop and the Armenian one end sentences too."""
+    for sentence, end in (("यह एक वाक्य है।", "।"), ("یہ ایک جملہ ہے۔", "۔"), ("Սա նախադասություն է։", "։")):
+        parts = chunk(" ".join([sentence] * 40), words, size=20, overlap=0)
+        assert len(parts) > 3 and all(p.endswith(end) for p in parts), (end, parts[:2])
+
+
+def test_a_file_of_invisible_characters_is_empty(tmp_path: Path) -> None:
+    """Control and format characters alone (\\x01, zero-width spaces, a byte-order mark) are
+    nothing to embed: the file is reported empty, not indexed as a passage without a token."""
+    (tmp_path / "ctl.txt").write_text("\x01\x02\x03")
+    (tmp_path / "zw.txt").write_text("\u200b\u200b\n\u200b\ufeff")
+    (tmp_path / "ok.txt").write_text("\u200bwater boils")
+    docs, problems = read(tmp_path, chunk_tokens=30, chunk_overlap=5)
+    assert [d.source for d in docs] == ["ok.txt"]
+    assert sorted((p.path, p.reason) for p in problems) == [("ctl.txt", "empty file"), ("zw.txt", "empty file")]
+    assert chunk("\x01\x02", lambda t: [], size=10, overlap=2) == []
+
+
+def test_a_title_is_left_off_only_a_passage_that_begins_with_it_as_words(tmp_path: Path) -> None:
+    """Front matter's title "Go" is embedded before a passage "Google ..." (which only begins
+    with its letters), not before one that begins with it."""
+    (tmp_path / "a.md").write_text("---\ntitle: Go\n---\nGoogle makes things.\n")
+    (tmp_path / "b.md").write_text("---\ntitle: Go\n---\nGo is a language.\n")
+    docs, _ = read(tmp_path, chunk_tokens=30, chunk_overlap=5)
+    texts = {d.source: d.text for d in docs}
+    assert texts["a.md"] == "Go\nGoogle makes things." and texts["b.md"] == "Go is a language."
+
+
 def test_a_csv_skipped_for_its_header_keeps_its_last_good_records(tmp_path: Path) -> None:
     """A header that cannot be read skips the file as one that cannot be read: it is listed as
     unread, so an index keeps the records it holds from it (before, they were pruned)."""

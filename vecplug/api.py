@@ -255,6 +255,11 @@ class Index:
             overlap = min(CORPUS_DEFAULTS["chunk_overlap"], tokens // 4)
         if not 0 <= overlap < tokens:
             raise ConfigError(f"corpus.chunk_overlap ({overlap}) must be smaller than corpus.chunk_tokens ({tokens})")
+        if overlap > tokens // 2:
+            if c.chunk_overlap is not None:  # passages would be cut with half of it, without a word
+                raise ConfigError(f"corpus.chunk_overlap ({overlap}) must be at most half of corpus.chunk_tokens "
+                                  f"({tokens}): {tokens // 2} or less")
+            overlap = tokens // 2  # an index's, recorded before this was checked: what its passages were cut with
         fields = c.embed_fields if c.embed_fields is not None else built.get("embed_fields")
         return {"chunk_tokens": tokens, "chunk_overlap": overlap,
                 "embed_fields": tuple(fields or CORPUS_DEFAULTS["embed_fields"])}

@@ -270,8 +270,9 @@ class Settings:
         if self.corpus.chunk_overlap is not None and self.corpus.chunk_overlap < 0:
             raise ConfigError(f"corpus.chunk_overlap must be >= 0, not {self.corpus.chunk_overlap}")
         if (self.corpus.chunk_overlap is not None and self.corpus.chunk_tokens is not None
-                and self.corpus.chunk_overlap >= self.corpus.chunk_tokens):
-            raise ConfigError("corpus.chunk_overlap must be smaller than corpus.chunk_tokens")
+                and self.corpus.chunk_overlap > self.corpus.chunk_tokens // 2):
+            raise ConfigError(f"corpus.chunk_overlap ({self.corpus.chunk_overlap}) must be at most half of "
+                              f"corpus.chunk_tokens ({self.corpus.chunk_tokens})")
         if self.corpus.embed_fields is not None and not [f for f in self.corpus.embed_fields if f.strip()]:
             # every record would lack them: a run would report each and prune the whole index
             raise ConfigError("corpus.embed_fields names no field; give at least one (e.g. text)")

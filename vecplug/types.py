@@ -60,9 +60,10 @@ def lang_code(code: str | None) -> str | None:
     would match no detected language, and a mono search would find nothing."""
     if code is None:
         return None
-    primary = str(code).strip().replace("_", "-").split("-")[0].lower()
-    if primary and not _LANG_CODE.fullmatch(primary):
-        raise ValueError(f"{str(code).strip()!r} is not a language code "
+    given = str(code).strip()
+    primary = given.replace("_", "-").split("-")[0].lower()
+    if (primary or given) and not _LANG_CODE.fullmatch(primary):  # ("-en", "-": no language before the tag)
+        raise ValueError(f"{given!r} is not a language code "
                          "(ISO 639, two or three letters: en, de, pt-BR, yue)")
     return _AS_DETECTED.get(primary, primary) or None
 
