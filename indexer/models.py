@@ -256,10 +256,12 @@ def list_models() -> list[dict[str, Any]]:
 
 
 def _read_meta(folder: Path) -> dict[str, Any]:
+    """A folder's ``vecplug.json``, {} when there is none or it is not a JSON object."""
     try:
-        return json.loads((folder / "vecplug.json").read_text())
+        meta = json.loads((folder / "vecplug.json").read_text())
     except (OSError, ValueError):
         return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 #: the definition of a weights checksum (``checksums.weights_sha256``) the cache's entries hold:

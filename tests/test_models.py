@@ -172,3 +172,21 @@ def test_a_build_killed_midway_leaves_nothing_for_good_and_a_full_disk_is_named(
                                          r"kept \(is the disk full\?\)"):
         models.build_builtin("me5-small")
     assert sorted(p.name for p in home.iterdir()) == [f".tmp-me5-small-{os.getppid()}-live"]
+
+
+def test_a_cache_folder_with_a_vecplug_json_of_another_shape_is_listed(tiny_model: Path) -> None:
+    """A vecplug.json that is JSON but no object (a list) crashed `models list` with a
+    traceback; it reads as saying nothing. Names keep their letters in --json."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from vecplug.cli import cli
+    from vecplug.indexer.models import models_dir
+
+    folder = models_dir() / "mïn"
+    shutil.copytree(tiny_model, folder)
+    (folder / "vecplug.json").write_text('["x"]')
+    result = CliRunner().invoke(cli, ["models", "list", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert any(row["name"] == "mïn" for row in json.loads(result.output)) and "mïn" in result.output

@@ -116,6 +116,29 @@ def test_search_reranks_only_below_the_gate(tmp_path: Path, tiny_model: Path, re
         assert CountingReranker.seen == [queries[0]]
 
 
+def test_the_gate_reranks_a_search_of_one_answer(tmp_path: Path, tiny_model: Path, reverse_plugin: None) -> None:
+    """k = 1: the gate reads two answers (a margin needs a second), so an unsure query is
+    reranked (with one, every margin was infinite: never reranked, whatever the gate); a sure
+    one keeps its plain answer; a rerank depth of 1 gives the reranker one candidate."""
+    queries = ["water boils", "quick fox", "lazy dogs sleep", "falling snow"]
+    with _index(tmp_path, tiny_model) as index:
+        two = index.search_batch(queries, k=2, langs=["en"] * 4)
+        margins = [r.hits[0].score - r.hits[1].score for r in two]
+        gate = sorted(margins)[1] + 1e-6
+        got = index.search_batch(queries, k=1, langs=["en"] * 4, rerank="reverse", rerank_depth=4,
+                                 rerank_gate=gate)
+        below = [m < gate for m in margins]
+        assert [r.reranked for r in got] == below and sum(below) == 2
+        for plain, after, b in zip(two, got, below):
+            assert len(after.hits) == 1
+            if not b:
+                assert after.hits[0].id == plain.hits[0].id
+        assert index.search(queries[0], k=1, lang="en", rerank="reverse", rerank_gate=1e6).reranked is True
+        CountingReranker.seen = []
+        one = index.search(queries[0], k=1, lang="en", rerank="reverse", rerank_depth=1, rerank_gate=1e6)
+        assert one.reranked is True and [h.id for h in one] == [two[0].hits[0].id]  # one candidate: itself
+
+
 def test_a_query_the_gate_lets_by_costs_a_plain_search(tmp_path: Path, tiny_model: Path, reverse_plugin: None,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate reads the search a query would get without a reranker (top k; prefer's 2k;

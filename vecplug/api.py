@@ -727,7 +727,8 @@ class Index:
         # (consensus included); the gate reads its margin there, and only the queries it sends
         # on to the reranker are searched again, to the reranker's depth
         gate_first = reranker is not None and gate is not None
-        first_depth, first_consensus = (shallow, group) if gate_first else (depth, first_group)
+        # (the gate reads at least two: a margin needs a second answer; k = 1 was never reranked)
+        first_depth, first_consensus = (max(shallow, 2), group) if gate_first else (depth, first_group)
         candidates = modes.first_stage_batch(self.store, vectors, qlangs, mode, first_depth, target, means, ef,
                                              first_consensus)
         if candidates is None:
@@ -739,10 +740,13 @@ class Index:
         reranked: list[bool | None] = [None if reranker is None else False] * len(queries)
         if reranker is not None:
             chosen = unsure(candidates, qlangs, gate)
-            if gate_first and (depth > shallow or group is not None):
+            if gate_first and (depth > first_depth or group is not None):
                 for i in chosen:
                     candidates[i] = self._first_stage(vectors[i], qlangs[i], mode, depth, target, means, ef,
                                                       first_group, single=len(queries) == 1)
+            elif gate_first:  # (a rerank depth of 1: the reranker reads that many)
+                for i in chosen:
+                    candidates[i] = candidates[i][:depth]
             if mode == "prefer":
                 # the reranker reads rerank_depth candidates, as in the other modes: the best
                 # with the preference (the first stage gave the pooled and same-language lists)

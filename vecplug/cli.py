@@ -444,7 +444,7 @@ def models_list(as_json: bool) -> None:
 
     rows = list_models()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))  # (as search --json keeps text)
         return
     for row in rows:
         state = "built" if row["built"] else "not built (vecplug models build " + row["name"] + ")"

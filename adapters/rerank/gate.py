@@ -8,9 +8,9 @@ to the reranker only the queries whose margin is below ``search.rerank_gate``.
 
 The query's language, not the pooled list: in a pooled (X-Y) list an answer's translations
 follow it closely, so the pooled gap between first and second is small whether the first
-stage is sure or not. The margin is read from the first stage's ordinary top ``k`` (so a
-query the gate keeps from the reranker costs what a search without reranker costs; only the
-ones it sends on are searched again to the rerank depth): when only one candidate of the query's language is
+stage is sure or not. The margin is read from the first stage's ordinary top ``k``, at least
+two (so a query the gate keeps from the reranker costs what a search without reranker costs;
+only the ones it sends on are searched again to the rerank depth): when only one candidate of the query's language is
 in it, the second lies below the list's last score, which bounds the margin from below. The
 margin is in the first stage's scores (centred cosines when the language-bias correction is
 on, plain cosines in ``mono``, where it does not apply), so a gate chosen for one does not
