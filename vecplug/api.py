@@ -853,9 +853,10 @@ class Index:
             from vecplug.adapters.rerank import get_reranker
             from vecplug.indexer.models import LOAD_LOCK
 
+            # the cross-encoder's own settings (not a plugin's whose name starts alike)
             options = ({"max_length": self.settings.search.rerank_max_length,
                         "precision": self.settings.model.precision}
-                       if spec.partition(":")[0].strip() == "cross-encoder" else {})  # (not a plugin's "cross-encoder2")
+                       if spec.partition(":")[0].strip() == "cross-encoder" else {})
             with LOAD_LOCK:  # one reranker per spec, whichever threads ask at once
                 if spec not in self._rerankers:
                     self._rerankers[spec] = get_reranker(spec, **options)

@@ -350,7 +350,7 @@ def score_runs(dataset: EvalDataset, runs: Sequence[Run],
                 chosen: dict[str, Any] = {} if run.consensus is None else {"consensus": run.consensus}
                 if run.rerank_gate is not None:  # likewise
                     chosen["rerank_gate"] = run.rerank_gate
-                found = index.search_batch(texts, k + drop_self, mode=run.mode, langs=given, target_langs=(),
+                found = index.search_batch(texts, k + int(drop_self), mode=run.mode, langs=given, target_langs=(),
                                            rerank=run.rerank or "none", rerank_depth=rerank_depth,
                                            debias=run.debias, progress=progress, **chosen)
                 if len(found) != len(queries):
