@@ -478,8 +478,16 @@ class CorpusReader:
 
 
 def _embedded(value: Any) -> str:
-    """A record field as it is embedded (appended to the record's text); "" when absent."""
-    return "" if value is None else str(value).strip()
+    """A record field as it is embedded (appended to the record's text); "" when absent. A
+    list is its items, comma-separated (``["a", "b"]`` was embedded as Python's ``['a', 'b']``),
+    an object its JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(p for p in map(_embedded, value) if p)
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value).strip()
 
 
 def document_body(text: str, source: str, payload: dict[str, Any],

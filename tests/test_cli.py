@@ -523,6 +523,7 @@ def test_a_title_on_several_lines_is_shown_on_its_hit_s_line(tmp_path: Path, tin
     run("index", str(root), "--model", str(tiny_model), "-q")
     out = run("search", "the quick brown fox", "-k", "1").splitlines()
     assert len(out) == 3 and out[1].endswith("a.jsonl — two lines title")
+    assert ", 1 result in " in out[0]  # (not "1 results")
 
 
 def test_an_index_whose_model_is_gone_says_so(corpus: Path, tiny_model: Path, tmp_path: Path) -> None:

@@ -422,3 +422,15 @@ def test_a_documents_body_is_its_text_without_the_fields_joined_to_it(tmp_path: 
     assert body_of("r.jsonl#full", ()) is None and body_of("r.jsonl#full", None) is None
     assert document_body("Fox facts\nall about foxes", "notes", {"title": "Fox facts"}, DEFAULT_EMBED_FIELDS) is None
     assert document_body("Fox facts\nall about foxes", "a.md", {"title": ["Fox facts"]}, None) is None
+
+
+def test_a_list_or_object_field_is_embedded_as_text(tmp_path: Path) -> None:
+    """A JSONL title that is a list is embedded as its items, an object as its JSON (both were
+    embedded as Python's repr: "['a', 'b']"); the payload keeps the value as it was."""
+    (tmp_path / "r.jsonl").write_text(
+        json.dumps({"id": "1", "title": ["Kyoto", "temples", None, ["Japan"]], "text": "many temples"}) + "\n"
+        + json.dumps({"id": "2", "title": {"de": "Tempel"}, "text": "viele Tempel"}, ensure_ascii=False) + "\n")
+    docs, problems = read(tmp_path, chunk_tokens=30, chunk_overlap=5)
+    assert not problems
+    assert docs[0].text == "Kyoto, temples, Japan\nmany temples" and docs[0].payload["title"][0] == "Kyoto"
+    assert docs[1].text == '{"de": "Tempel"}\nviele Tempel'

@@ -259,7 +259,7 @@ def _show_result(query: str, result: Any, as_json: bool, line: int | None = None
             click.echo(json.dumps({"line": line, **result.to_dict()}, ensure_ascii=False))
         return
     shown = query if len(query) <= 80 else query[:77] + "..."
-    click.echo(f"query [{result.lang}] {shown!r}, mode {result.mode}, {len(result)} results "
+    click.echo(f"query [{result.lang}] {shown!r}, mode {result.mode}, {len(result)} result{'s' * (len(result) != 1)} "
                f"in {result.seconds * 1000:.0f} ms")
     if result.mode == "mono" and not result.hits:
         click.echo(f"note: no documents in the query's language ({result.lang}); give it with "
