@@ -50,6 +50,24 @@ def exact_map_at_k(scores: Any, doc_ids: Sequence[str], relevant: Sequence[set[s
     return float(np.mean([average_precision_at_k(list(ids[t]), rel, k) for t, rel in zip(top, relevant)]))
 
 
+def keeps_torch_threads(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` giving torch's thread count back as it found it: a benchmark sets it for its
+    timings, and a caller in the same process (a test) would run on with that."""
+    import functools
+
+    @functools.wraps(fn)
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        threads = torch.get_num_threads()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return kept
+
+
 def measure_matmul_gflops(threads: int, size: int = 2048, repeats: int = 8) -> dict[str, float]:
     """fp32 ``size`` x ``size`` matrix multiply on ``threads`` threads: best and median GFLOP/s."""
     import torch

@@ -44,7 +44,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (  # noqa: E402
-    header_markdown, interleaved, machine_info, markdown_table, measure_matmul_gflops, run_main)
+    header_markdown, interleaved, keeps_torch_threads, machine_info, markdown_table, measure_matmul_gflops,
+    run_main)
 from xquad_data import DEFAULT_DATA_DIR, parse_langs  # noqa: E402
 
 SHARES = (0.1, 0.2, 0.3, 0.4, 0.6, 0.8)
@@ -208,21 +209,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "timing": timing}
 
 
+@keeps_torch_threads
 def _timing(args: argparse.Namespace, texts: Sequence[str], student_model: dict[str, Any],
             teacher_model: dict[str, Any]) -> dict[str, Any]:
     """Mean ms, one query at a time on one thread: the student's search, the gated path with
     every query sent on, the teacher alone; interleaved query by query."""
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        return _timed(args, texts, student_model, teacher_model)
-    finally:  # (a caller in the same process, a test, keeps its threads)
-        torch.set_num_threads(threads)
-
-
-def _timed(args: argparse.Namespace, texts: Sequence[str], student_model: dict[str, Any],
-           teacher_model: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from vecplug.api import Index, settings_for

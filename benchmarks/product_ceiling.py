@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import header_markdown, machine_info, markdown_table, run_main  # noqa: E402
+from bench_common import header_markdown, keeps_torch_threads, machine_info, markdown_table, run_main  # noqa: E402
 
 KINDS = ("float32", "bfloat16", "int8")
 
@@ -111,17 +111,8 @@ def cpu_flags() -> list[str]:
     return [f for f in wanted if f in flags]
 
 
+@keeps_torch_threads
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        return _run(args)
-    finally:  # (a caller in the same process, a test, keeps its threads)
-        torch.set_num_threads(threads)
-
-
-def _run(args: argparse.Namespace) -> dict[str, Any]:
     import gc
 
     import torch

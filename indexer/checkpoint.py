@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,11 +107,12 @@ def save(work: Path, named: dict[str, Any], optimizer: Any, state: dict[str, Any
 
 def load(work: Path, key: str, named: dict[str, Any], optimizer: Any,
          log: Callable[[str], None] = lambda message: None,
-         earlier: tuple[str, ...] = ()) -> dict[str, Any] | None:
+         earlier: Callable[[], Iterable[str]] = tuple) -> dict[str, Any] | None:
     """Restore a checkpoint of the run ``key`` into ``named`` and ``optimizer``; its state, or
     None when there is none (or it belongs to another run, or its files are unreadable: said
     through ``log``, since the run then starts over and replaces it). ``earlier``: the same
-    run's keys by the formulas of earlier vecplug versions (their checkpoints resume too)."""
+    run's keys by the formulas of earlier vecplug versions (their checkpoints resume too),
+    computed only for a checkpoint that ``key`` does not name (they hash the data again)."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -126,7 +127,7 @@ def load(work: Path, key: str, named: dict[str, Any], optimizer: Any,
     if not isinstance(state, dict) or "key" not in state:
         log(f"the checkpoint in {work} is unreadable: starting over")
         return None
-    if state.get("key") != key and state.get("key") not in earlier:
+    if state.get("key") != key and state.get("key") not in set(earlier()):
         log(f"the checkpoint in {work} (step {state.get('step', '?')}) is of another run: its "
             "configuration or data differ; starting over (this run's first checkpoint replaces it)")
         return None

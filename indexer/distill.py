@@ -390,7 +390,8 @@ def _distill(config: DistillConfig, out: Path, teacher_info: Any, work: Path, st
     step, losses = 0, []
     named = {n: p for n, p in modules.named_parameters() if p.requires_grad}
     state = checkpoint.load(work, key, named, optimizer, log,
-                            earlier=(_fingerprint(config, inputs, targets, teacher.info.checksum, legacy=True),))
+                            earlier=lambda: (_fingerprint(config, inputs, targets, teacher.info.checksum,
+                                                          legacy=True),))
     if state is not None:
         step, losses = int(state["step"]), list(state["losses"])
         log(f"resuming at step {step} of {total}")

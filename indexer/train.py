@@ -422,7 +422,7 @@ def _train(config: TrainConfig, *, progress: bool, log: Callable[[str], None], c
     work = out.parent / f"{out.name}{WORK}"
     step, losses, evaluations = 0, [], []
     state = checkpoint.load(work, key, params, optimizer, log,
-                            earlier=(_fingerprint(config, info.checksum, tasks, version=2),))
+                            earlier=lambda: (_fingerprint(config, info.checksum, tasks, version=2),))
     if state is not None:
         step, losses, evaluations = int(state["step"]), list(state["losses"]), list(state["evaluations"])
         log(f"resuming at step {step} of {total}")

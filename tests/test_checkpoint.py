@@ -105,6 +105,6 @@ def test_a_checkpoint_under_an_earlier_key_of_the_same_run_resumes(tmp_path: Pat
     assert checkpoint.load(tmp_path, "new-formula", dict(fresh.named_parameters()), fresh_opt, said.append) is None
     assert "is of another run" in said[-1]
     state = checkpoint.load(tmp_path, "new-formula", dict(fresh.named_parameters()), fresh_opt,
-                            earlier=("old-formula",))
+                            earlier=lambda: ("old-formula",))
     assert state is not None and state["step"] == 2
     assert all(torch.equal(p, saved[n]) for n, p in fresh.named_parameters())

@@ -216,15 +216,15 @@ class FlatStore(HnswStore):
             return None
         with self._mutex:
             # (_query_rows first: it follows the last commit, whose rows _mostly counts)
-            if len(vectors) < scan.BF16_MIN_QUERIES and self._query_rows(vectors) is not None \
-                    and self._mostly(langs, means):
+            queries = self._query_rows(vectors) if len(vectors) < scan.BF16_MIN_QUERIES else None
+            if queries is not None and self._mostly(langs, means):
                 # a few queries, multiplied in float32: reading the rows is the cost, so every
                 # language's are read once, in place, instead of gathered language by language
                 # (one query at a million rows in six languages: 382 -> 166 ms, batches of 10
                 # 73 -> 31 ms a query; README "Read as throughput"), when the languages asked
                 # hold at least half of the rows (a row gathered cost about 2.3 times a row read in
                 # place there: a few languages' rows are cheaper gathered than every row read)
-                return self._centred_one_pass(vectors, k, langs, means)
+                return self._centred_one_pass(queries, k, langs, means)
             scanned = self._centred_scan(vectors, k, langs, means)
             if not scanned:  # no query, no row of those languages, or no index yet
                 return [[] for _ in vectors]
@@ -245,15 +245,14 @@ class FlatStore(HnswStore):
                    for lang in dict.fromkeys(langs))
         return 2 * held >= self._index.get_current_count()
 
-    def _centred_one_pass(self, vectors: np.ndarray, k: int, langs: Sequence[str],
+    def _centred_one_pass(self, queries: np.ndarray, k: int, langs: Sequence[str],
                           means: Mapping[str, np.ndarray]) -> list[list[StoreHit]]:
         """:meth:`centred_search_batch` by one scan of every row: each row's score its centred
         cosine with its own language's mean (``scan.scan``'s ``group``), rows of other
-        languages not ranked. Under the mutex."""
-        queries = self._query_rows(vectors)
+        languages not ranked. ``queries``: :meth:`_query_rows`'. Under the mutex."""
         langs = list(dict.fromkeys(langs))
-        if queries is None or k <= 0 or not langs:
-            return [[] for _ in vectors]
+        if k <= 0 or not langs:
+            return [[] for _ in queries]
         of_langs = np.stack([np.asarray(means[lang], dtype=np.float32) for lang in langs])
         group, scale = self._row_groups(langs, of_langs)
         if not len(group):
